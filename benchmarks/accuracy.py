@@ -1,6 +1,6 @@
-"""Score the training estimator against the published measurements in shared/validation.
+"""Score the estimators against the published measurements in shared/validation.
 
-Run: ``python benchmarks/accuracy.py [--task train] [--worst 10]``. For every usable
+Run: ``python benchmarks/accuracy.py [--task train|infer] [--worst 10]``. For every usable
 point it builds the workload (``benchmarks/scenarios.py``), estimates it, and compares
 the report level that matches what the point measured (allocated / reserved / device).
 Prints coverage, median and 90th-percentile absolute error, the share of points
@@ -24,6 +24,7 @@ from scenarios import load_points, point_workload
 from vramlens.errors import VramlensError
 from vramlens.estimate import estimate
 from vramlens.model.resolve import model_from_config
+from vramlens.report.model import MemoryReport
 
 
 @dataclass
@@ -55,11 +56,19 @@ def score(task: str = "train") -> list[Scored]:
         except VramlensError as exc:
             results.append(Scored(point, None, measured, mapped.level, str(exc), mapped.notes))
             continue
-        value = {"allocated": report.allocated_bytes, "reserved": report.reserved_bytes, "device": report.device_bytes}[
-            mapped.level
-        ]
+        value = _level_value(report, mapped.level)
         results.append(Scored(point, value, measured, mapped.level, None, mapped.notes))
     return results
+
+
+def _level_value(report: MemoryReport, level: str) -> int:
+    if level == "non_kv":  # vLLM's logged weights + activation peak + non-torch memory (no pool, no graphs)
+        profile = next(phase for phase in report.phases if phase.name == "profile")
+        runtime = sum(value for name, value in report.runtime.items() if name != "cuda_graphs")
+        return profile.allocated_bytes + runtime
+    return {"allocated": report.allocated_bytes, "reserved": report.reserved_bytes, "device": report.device_bytes}[
+        level
+    ]
 
 
 def summary(results: list[Scored]) -> dict[str, float]:

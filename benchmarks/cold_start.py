@@ -1,5 +1,6 @@
 """Cold-start wall time of the light CLI commands (target: < 0.3 s each, no torch import;
-``vramlens estimate llama-3.1-8b --mode train`` is the issue's target command).
+``vramlens estimate llama-3.1-8b --mode train`` is issue 3's target command, the inference
+estimate and a capacity search issue 4's).
 
 Run: ``python benchmarks/cold_start.py [--repeat 10]``. Prints figures; it is not a pass/fail test.
 Each run is a fresh interpreter (``python -m vramlens ...``), so import time is included.
@@ -16,6 +17,8 @@ import time
 COMMANDS = (
     ["estimate", "llama-3.1-8b", "--mode", "train"],
     ["estimate", "llama-3-70b", "--method", "lora", "--gpus", "8", "--shard", "zero3", "--format", "json"],
+    ["estimate", "llama-3.1-8b", "--mode", "infer", "--engine", "vllm", "--gpu", "h100-80gb"],
+    ["estimate", "llama-3.1-70b", "--mode", "infer", "--tp", "2", "--gpus", "2", "--gpu", "a100-80gb", "--max-batch"],
     ["models", "list"],
     ["models", "list", "--format", "json"],
     ["models", "show", "llama-3.1-8b"],
@@ -44,7 +47,11 @@ def main() -> None:
     for args in COMMANDS:
         times = time_command(args, repeat)
         print(f"{'vramlens ' + ' '.join(args):45s} {statistics.median(times):8.3f} {min(times):8.3f} {max(times):8.3f}")
-    for args in (["models", "list"], ["estimate", "llama-3.1-8b", "--mode", "train"]):
+    for args in (
+        ["models", "list"],
+        ["estimate", "llama-3.1-8b", "--mode", "train"],
+        ["estimate", "llama-3.1-8b", "--mode", "infer", "--gpu", "h100-80gb", "--max-context"],
+    ):
         print(f"heavy modules imported by `vramlens {' '.join(args)}`: {_heavy_modules(args)}")
 
 

@@ -179,8 +179,45 @@ def _optimizer_impl(point: dict[str, Any]) -> str | None:
     return None
 
 
+_ENGINE = {"hf_generate": "hf", "vllm": "vllm"}
+
+
+def inference_workload(point: dict[str, Any]) -> Mapped:
+    """The workload of one inference point. A figure without the KV cache (vLLM's own
+    memory-profiling log) is compared at level ``non_kv``: weights + profile activation
+    peak + non-torch memory, the three parts vLLM logs before sizing its pool."""
+    level = LEVEL.get(point["measured_kind"], "device")
+    engine = _ENGINE.get(point["framework"])
+    if engine is None:
+        return Mapped(workload=None, level=level, skip_reason=f"inference engine {point['framework']!r} has no profile")
+    if not point.get("kv_cache_in_figure", True):
+        level = "non_kv"
+    parallel = point["parallel"]
+    workload: dict[str, Any] = {
+        "model": point["hf_config"],
+        "mode": "infer",
+        "engine": engine,
+        "precision": _PRECISION.get(point["precision"], "bf16"),
+        "batch": point["micro_batch"],
+        "prompt": point["prompt_len"],
+        "generate": point["gen_len"],
+        "attention": point["attention"] if point["attention"] in ("flash", "sdpa", "eager", "efficient") else "auto",
+        "allow_long_context": True,
+        "parallel": {"gpus": parallel["gpus"], "tp": parallel["tp"] or 1, "pp": parallel["pp"] or 1},
+    }
+    if point.get("weight_quant"):
+        workload["quant"] = point["weight_quant"]
+    notes = []
+    if engine == "vllm" and "max_num_batched_tokens" in " ".join(point.get("assumptions") or []):
+        workload["max_num_batched_tokens"] = point["seq_len"]
+        notes.append(f"vLLM profile over max_num_batched_tokens {point['seq_len']} (from the point's assumptions)")
+    return Mapped(workload=workload, level=level, notes=notes)
+
+
 def point_workload(point: dict[str, Any]) -> Mapped:
     """The workload of one validation point."""
+    if point["task"] == "infer":
+        return inference_workload(point)
     level = LEVEL.get(point["measured_kind"], "device")
     notes: list[str] = []
     framework = _FRAMEWORK.get(point["framework"])

@@ -87,3 +87,20 @@ def test_install_command_works_in_a_fresh_virtual_environment(tmp_path: Path) ->
     result = subprocess.run(["bash", "-c", command], cwd=project, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "llama-3.1-8b - estimate: peak" in result.stdout and "fits a100-sxm-80gb" in result.stdout
+
+
+def test_inference_commands_run() -> None:
+    """Every ``vramlens estimate ... --mode infer`` line of the README exits 0 and prints a report."""
+    from click.testing import CliRunner
+
+    from vramlens.cli.app import cli
+
+    lines = [line for block in _bash_blocks() for line in block.splitlines() if "--mode infer" in line]
+    assert len(lines) >= 2
+    for line in lines:
+        args = line.split()[1:]
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 0, (line, result.output)
+        assert "KV cache:" in result.output
+        if "--max-batch" in args:
+            assert re.search(r"largest batch that fits: \d+", result.output)

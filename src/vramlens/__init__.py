@@ -17,6 +17,7 @@ from vramlens.errors import (
     VramlensError,
 )
 from vramlens.estimate import estimate
+from vramlens.estimate.capacity import CapacityAnswer, max_batch, max_context
 from vramlens.hardware import GpuSpec, gpu_table, resolve_gpu
 from vramlens.model import (
     AttentionSpec,
@@ -43,12 +44,13 @@ from vramlens.model import (
     read_checkpoint,
     supported_model_types,
 )
-from vramlens.report.model import MemoryReport, PhaseMemory, Term
+from vramlens.report.model import MemoryReport, PhaseMemory, ServingCapacity, Term
 from vramlens.units import GB, GiB, format_bytes, format_count, parse_count, parse_size
 from vramlens.workload import LoraConfig, Parallelism, Workload, load_workload, workload_to_dict
 
 __all__ = [
     "AttentionSpec",
+    "CapacityAnswer",
     "CatalogEntry",
     "Category",
     "CheckpointError",
@@ -79,6 +81,7 @@ __all__ = [
     "QKNorm",
     "QuantMethod",
     "QuantizationSpec",
+    "ServingCapacity",
     "Term",
     "VramlensError",
     "Workload",
@@ -93,6 +96,8 @@ __all__ = [
     "gpu_table",
     "load_model",
     "load_workload",
+    "max_batch",
+    "max_context",
     "model_from_config",
     "parse_count",
     "parse_size",

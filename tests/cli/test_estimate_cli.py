@@ -244,7 +244,7 @@ ERRORS: list[tuple[list[str], list[str]]] = [
     ([MODEL, "--seq", "1000000"], ["seq:", "1000000", "131072"]),
     ([MODEL, "--tp", "3", "--gpus", "3"], ["parallel.tp:", "3"]),
     ([MODEL, "--method", "lora", "--lora-rank", "0"], ["lora.rank:", "0"]),
-    ([MODEL, "--mode", "infer"], ["mode:", "infer", "not available"]),
+    ([MODEL, "--mode", "infer", "--tp", "3", "--gpus", "3"], ["parallel.tp:", "KV heads"]),
     ([MODEL, "--gpu", "h100-90gb"], ["gpu:", "h100-90gb"]),
     ([], ["model:"]),
     ([MODEL, "--format", "xml"], ["--format", "xml"]),

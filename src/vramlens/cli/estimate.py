@@ -22,7 +22,7 @@ __all__ = ["FLAGS", "estimate_command"]
 FLAGS: dict[str, tuple[str, str]] = {
     "mode": ("mode", "train | infer"),
     "gpu": ("gpu", "GPU name (h100-80gb, a100-80gb, rtx-4090, ...) or a size such as 24GiB"),
-    "framework": ("framework", "auto | hf | torchtitan | torchtune | litgpt | megatron | deepspeed"),
+    "framework": ("framework", "auto | hf | torchtitan | torchtune | litgpt | megatron | deepspeed | vllm"),
     "method": ("method", "full | lora | qlora | freeze"),
     "precision": ("precision", "fp32 | bf16 | fp16 | mixed-bf16 | mixed-fp16"),
     "quant": ("quant", "none | int8 | nf4 | nf4-dq | gptq-int4 | gptq-int8 | awq-int4 | fp8"),
@@ -44,6 +44,7 @@ FLAGS: dict[str, tuple[str, str]] = {
     "gpu-memory-utilization": ("gpu_memory_utilization", "inference (vllm): fraction of the GPU to use"),
     "max-num-seqs": ("max_num_seqs", "inference (vllm): concurrent sequences"),
     "block-size": ("block_size", "inference (vllm): KV block size in tokens"),
+    "max-num-batched-tokens": ("max_num_batched_tokens", "inference: tokens per forward step (vllm default 8192)"),
     "lora-rank": ("lora.rank", "LoRA rank r"),
     "lora-alpha": ("lora.alpha", "LoRA alpha"),
     "lora-dropout": ("lora.dropout", "LoRA dropout"),
@@ -99,9 +100,15 @@ def _with_workload_options(func: Callable[..., Any]) -> Callable[..., Any]:
 )
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown"]), default="table", show_default=True)
 @click.option("--explain", is_flag=True, help="Also list every term with its formula.")
+@click.option("--max-batch", "max_batch", is_flag=True, help="Find the largest batch that fits the GPU.")
+@click.option(
+    "--max-context", "max_context", is_flag=True, help="Inference: find the longest context that fits the GPU."
+)
 @_with_workload_options
-def estimate_command(model: str | None, config: str | None, fmt: str, explain: bool, **options: Any) -> None:
-    """Estimate per-GPU memory of training MODEL (a catalog name, config path or cached HF id)."""
+def estimate_command(
+    model: str | None, config: str | None, fmt: str, explain: bool, max_batch: bool, max_context: bool, **options: Any
+) -> None:
+    """Estimate per-GPU memory of training or serving MODEL (a catalog name, config path or cached HF id)."""
     from vramlens.estimate import estimate
     from vramlens.workload.load import read_workload_file
 
@@ -113,10 +120,36 @@ def estimate_command(model: str | None, config: str | None, fmt: str, explain: b
         raise InputError(
             "model: give MODEL (e.g. vramlens estimate llama-3.1-8b) or a workload file with a 'model' key (-c run.yaml)"
         )
-    report = estimate(base, **overrides)
+    if max_batch and max_context:
+        raise InputError("--max-batch and --max-context: ask one at a time (the other value is held fixed)")
+    answer = None
+    if max_batch or max_context:
+        from vramlens.estimate.capacity import search_capacity
+
+        answer = search_capacity(base, "batch" if max_batch else "context", **overrides)
+        if answer.report is None:
+            raise InputError(
+                f"{answer.key}: even 1 does not fit the GPU; try quantized weights, more GPUs (tp) or fewer tokens"
+            )
+        report = answer.report
+    else:
+        report = estimate(base, **overrides)
+    _show(report, fmt, explain, answer)
+
+
+def _show(report: Any, fmt: str, explain: bool, answer: Any) -> None:
+    headline = None
+    if answer is not None:
+        headline = f"largest {answer.key} that fits: {answer.value} (searched up to {answer.limit})"
     if fmt == "json":
-        click.echo(json.dumps(report.to_dict(), indent=2))
-    elif fmt == "markdown":
+        data = report.to_dict()
+        if answer is not None:
+            data["capacity"] = {"key": answer.key, "value": answer.value, "limit": answer.limit}
+        click.echo(json.dumps(data, indent=2))
+        return
+    if headline:
+        click.echo(headline)
+    if fmt == "markdown":
         from vramlens.report.text import markdown_report
 
         click.echo(markdown_report(report, explain=explain), nl=False)

@@ -6,7 +6,6 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from vramlens.errors import InputError
 from vramlens.hardware import resolve_gpu
 from vramlens.model.resolve import load_model
 from vramlens.report.model import MemoryReport
@@ -24,9 +23,11 @@ def estimate(workload: Workload | Mapping[str, Any] | str | os.PathLike[str], **
     """
     resolved = load_workload(workload, overrides)
     spec = load_model(resolved.model)
+    gpu = resolve_gpu(resolved.gpu) if resolved.gpu is not None else None
     if resolved.mode is Mode.INFER:
-        raise InputError("mode: 'infer' estimates are not available yet in this version; use mode: train")
+        from vramlens.estimate.infer import estimate_inference
+
+        return estimate_inference(spec, resolved, gpu=gpu)
     from vramlens.estimate.training import estimate_training
 
-    gpu = resolve_gpu(resolved.gpu) if resolved.gpu is not None else None
     return estimate_training(spec, resolved, gpu=gpu)

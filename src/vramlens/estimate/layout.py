@@ -12,10 +12,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from vramlens.dtypes import fp8_block_scale_bytes, gptq_awq_overhead_bytes, int8_rowwise_scale_bytes, nf4_scale_bytes
 from vramlens.errors import InputError
 from vramlens.estimate._memo import memo
 from vramlens.estimate.context import TrainingContext
+from vramlens.estimate.weight_format import format_for_quant
 from vramlens.model.modules import LinearShape, all_layer_linears, layer_linears
 from vramlens.model.params import attention_parameters, mlp_parameters, moe_parameters, norm_parameters
 from vramlens.workload.options import Method, Quant
@@ -110,18 +110,10 @@ def _tp_split(shape: LinearShape, tp: int) -> int:
 
 
 def _quantized_bytes(shape: LinearShape, quant: Quant, tp: int) -> float:
-    """Bytes of one frozen quantized linear weight with its scales (dtypes.py overheads)."""
-    out, inp = shape.out_features // tp, shape.in_features
-    n = out * inp
-    if quant in (Quant.NF4, Quant.NF4_DQ):
-        return n / 2 + nf4_scale_bytes(n, double_quant=quant is Quant.NF4_DQ)
-    if quant is Quant.INT8:
-        return n + int8_rowwise_scale_bytes(out)
-    if quant in (Quant.GPTQ_INT4, Quant.AWQ_INT4):
-        return n / 2 + gptq_awq_overhead_bytes(out, inp, bits=4, group_size=128, g_idx=quant is Quant.GPTQ_INT4)
-    if quant is Quant.GPTQ_INT8:
-        return n + gptq_awq_overhead_bytes(out, inp, bits=8, group_size=128)
-    return n + fp8_block_scale_bytes(out, inp)
+    """Bytes of one frozen quantized linear weight with its scales (weight_format.py)."""
+    fmt = format_for_quant(quant)
+    assert fmt is not None
+    return fmt.linear_bytes(shape.out_features // tp, shape.in_features)
 
 
 def effective_quant(ctx: TrainingContext) -> Quant:

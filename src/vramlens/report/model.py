@@ -15,7 +15,7 @@ from typing import Any
 
 from vramlens.categories import Category
 
-__all__ = ["MemoryReport", "PhaseMemory", "Term"]
+__all__ = ["MemoryReport", "PhaseMemory", "ServingCapacity", "Term"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -56,6 +56,44 @@ class PhaseMemory:
         }
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ServingCapacity:
+    """The KV cache of an inference run on one GPU: what the workload needs, what the engine has."""
+
+    engine: str
+    """"hf" or "vllm"."""
+    tokens_per_sequence: int
+    """Prompt + generated tokens of one sequence."""
+    kv_bytes_per_token: int
+    """KV bytes of one token over the rank's layers (before window caps and paging)."""
+    kv_bytes_needed: int
+    """KV bytes of ``batch`` sequences at ``tokens_per_sequence`` (window-capped, paged for vLLM)."""
+    budget_bytes: int | None = None
+    """vLLM: ``gpu_memory_utilization x capacity``."""
+    kv_pool_bytes: int | None = None
+    """vLLM: the KV cache it pre-allocates (budget minus weights, activation peak, non-torch memory, CUDA graphs)."""
+    kv_block_bytes: int | None = None
+    """vLLM: bytes of one block of ``block_size`` tokens over all layers."""
+    kv_blocks: int | None = None
+    """vLLM: blocks in the pool."""
+    max_concurrent_sequences: int | None = None
+    """vLLM: sequences of ``tokens_per_sequence`` that fit in the pool at once (at most ``max_num_seqs``)."""
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether the pool holds the workload's sequences at once; None without a pool."""
+        if self.kv_pool_bytes is None:
+            return None
+        return self.kv_pool_bytes > 0 and self.kv_bytes_needed <= self.kv_pool_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        names = (
+            "engine", "tokens_per_sequence", "kv_bytes_per_token", "kv_bytes_needed", "budget_bytes",
+            "kv_pool_bytes", "kv_block_bytes", "kv_blocks", "max_concurrent_sequences",
+        )  # fmt: skip
+        return {name: getattr(self, name) for name in names} | {"fits": self.fits}
+
+
 @dataclass(frozen=True, kw_only=True)
 class MemoryReport:
     """Per-GPU memory of one workload: phases, peak at three levels, fit, and why."""
@@ -80,6 +118,8 @@ class MemoryReport:
     """Memory outside PyTorch's allocator, by part (cuda_context, cublas_workspace, nccl)."""
     terms: tuple[Term, ...] = ()
     assumptions: tuple[str, ...] = ()
+    serving: ServingCapacity | None = None
+    """Inference: the KV cache needed and, for vLLM, the pool it gets."""
 
     def __post_init__(self) -> None:
         names = [phase.name for phase in self.phases]
@@ -106,13 +146,22 @@ class MemoryReport:
 
     @property
     def fits(self) -> bool | None:
-        """Whether the device-level peak fits the GPU; None when no GPU was given."""
-        return None if self.capacity_bytes is None else self.device_bytes <= self.capacity_bytes
+        """Whether the device-level peak fits the GPU (and, for vLLM, the sequences fit its KV
+        pool); None when no GPU was given."""
+        if self.capacity_bytes is None:
+            return None
+        pool_fits = self.serving.fits if self.serving is not None else None
+        return self.device_bytes <= self.capacity_bytes and pool_fits is not False
 
     @property
     def headroom_bytes(self) -> int | None:
-        """Capacity minus the device-level peak (negative: short by that much)."""
-        return None if self.capacity_bytes is None else self.capacity_bytes - self.device_bytes
+        """Capacity minus the device-level peak (negative: short by that much); for vLLM, its
+        KV pool minus the KV the sequences need."""
+        if self.capacity_bytes is None:
+            return None
+        if self.serving is not None and self.serving.kv_pool_bytes is not None:
+            return self.serving.kv_pool_bytes - self.serving.kv_bytes_needed
+        return self.capacity_bytes - self.device_bytes
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-safe report contract."""
@@ -137,6 +186,7 @@ class MemoryReport:
             "headroom_bytes": self.headroom_bytes,
             "terms": [term.to_dict() for term in self.terms],
             "assumptions": list(self.assumptions),
+            "serving": None if self.serving is None else self.serving.to_dict(),
             "workload": self.workload_dict,
         }
 

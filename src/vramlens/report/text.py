@@ -19,7 +19,7 @@ from vramlens.categories import Category
 from vramlens.report.model import MemoryReport
 from vramlens.units import format_bytes
 
-__all__ = ["markdown_report", "print_report", "report_renderable"]
+__all__ = ["markdown_report", "print_report", "report_renderable", "serving_lines"]
 
 _BAR_WIDTH = 28
 
@@ -92,6 +92,28 @@ def _fit_line(report: MemoryReport) -> Text:
     )
 
 
+def serving_lines(report: MemoryReport) -> list[str]:
+    """Plain-text lines about the KV cache: what the sequences need and, for vLLM, the pool."""
+    serving = report.serving
+    if serving is None:
+        return []
+    batch = report.workload_dict.get("batch")
+    lines = [
+        f"KV cache: {format_bytes(serving.kv_bytes_per_token)} per token; {batch} sequences x "
+        f"{serving.tokens_per_sequence} tokens need {format_bytes(serving.kv_bytes_needed)}"
+    ]
+    if serving.kv_pool_bytes is not None and serving.budget_bytes is not None:
+        pool = serving.kv_pool_bytes
+        lines.append(
+            f"vLLM KV pool: {format_bytes(max(pool, 0))} of its {format_bytes(serving.budget_bytes)} budget "
+            f"(gpu_memory_utilization x capacity) = {serving.kv_blocks} blocks of {format_bytes(serving.kv_block_bytes or 0)}; "
+            f"up to {serving.max_concurrent_sequences} concurrent sequences of {serving.tokens_per_sequence} tokens"
+        )
+        if pool <= 0:
+            lines.append("vLLM would not start: weights, activations and runtime leave no memory for the KV cache")
+    return lines
+
+
 def _terms_table(report: MemoryReport) -> Table:
     table = Table(box=box.SIMPLE_HEAD, title="how each term was computed", title_justify="left")
     table.add_column("term")
@@ -114,6 +136,7 @@ def report_renderable(report: MemoryReport, *, explain: bool = False) -> Group:
         _levels_table(report),
         _breakdown_table(report),
         _phases_table(report),
+        *(Text(line) for line in serving_lines(report)),
     ]
     if explain:
         parts.append(_terms_table(report))
@@ -164,6 +187,9 @@ def markdown_report(report: MemoryReport, *, explain: bool = False) -> str:
     ]
     lines += ["", "| phase | allocated |", "|---|---:|"]
     lines += [f"| {p.name} | {format_bytes(p.allocated_bytes)} |" for p in report.phases]
+    serving = serving_lines(report)
+    if serving:
+        lines += ["", *serving]
     if explain:
         lines += ["", "| term | memory | formula |", "|---|---:|---|"]
         lines += [f"| {t.name} | {format_bytes(t.bytes)} | {t.formula} |" for t in report.terms]

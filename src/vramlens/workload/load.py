@@ -197,6 +197,7 @@ TOP_KEYS: Final[dict[str, Converter]] = {
     "gpu_memory_utilization": _number,
     "max_num_seqs": _integer(1),
     "block_size": _integer(1),
+    "max_num_batched_tokens": _optional(_integer(1, tokens=True)),
     "allow_long_context": _flag,
 }
 _NESTED: Final = {"lora": LORA_KEYS, "parallel": PARALLEL_KEYS}

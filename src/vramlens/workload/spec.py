@@ -202,6 +202,10 @@ class Workload:
     gpu_memory_utilization: float = 0.9
     max_num_seqs: int = 256
     block_size: int = 16
+    max_num_batched_tokens: int | None = None
+    """Inference: tokens per forward step (vLLM's chunked-prefill budget and profile-run size).
+    None: the engine default (vLLM 8192; HF generate runs the whole prompt at once).
+    Added to the v1 contract by vramlens."""
     allow_long_context: bool = False
     """Allow ``seq``/``context`` beyond the model's max_position_embeddings (RoPE scaling set up by the user)."""
 
@@ -214,6 +218,10 @@ class Workload:
             f"moe_capacity_factor: must be a number >= 1 (or null for dropless routing), got {self.moe_capacity_factor}",
         )
         _check(self.context is None or self.context >= 1, f"context: must be an integer >= 1, got {self.context}")
+        _check(
+            self.max_num_batched_tokens is None or self.max_num_batched_tokens >= 1,
+            f"max_num_batched_tokens: must be an integer >= 1 (or null), got {self.max_num_batched_tokens}",
+        )
         _check(
             0.0 < self.gpu_memory_utilization <= 1.0,
             f"gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization}",

@@ -1,0 +1,210 @@
+"""The inference estimate: per-GPU memory of generation, phase by phase.
+
+transformers ``generate()`` (engine ``hf``) has two high points:
+
+* ``prefill`` - every layer has cached the prompt, the last layer's intermediates
+  are alive, and the LM head has produced the logits of each sequence's last
+  position (generate passes ``logits_to_keep=1``; a plain forward would keep them all);
+* ``decode`` - the last step: the cache holds the whole context, ``DynamicCache``
+  concatenates one layer's old and new keys/values (both alive for a moment), and
+  one token's intermediates.
+
+vLLM (engine ``vllm``) first profiles one step of ``max_num_batched_tokens`` tokens
+and a sampler step over ``max_num_seqs`` sequences (``profile``), then pre-allocates
+the KV pool: ``gpu_memory_utilization x capacity`` minus weights, that activation
+peak, non-torch memory and CUDA graphs (``serving``). Without a GPU the pool is
+what ``batch`` sequences of the full context need.
+"""
+
+from __future__ import annotations
+
+from vramlens.categories import Category
+from vramlens.estimate.infer.context import InferenceContext
+from vramlens.estimate.infer.engines import VLLM
+from vramlens.estimate.infer.kv_cache import kv_cache_bytes
+from vramlens.estimate.infer.weights import StageWeights
+from vramlens.estimate.infer.working import (
+    hf_layer_working_bytes,
+    logits_bytes,
+    sampler_bytes,
+    vllm_layer_working_bytes,
+)
+from vramlens.estimate.runtime import CUBLAS_WORKSPACE_BYTES
+from vramlens.report.model import PhaseMemory, ServingCapacity
+from vramlens.units import format_bytes
+
+__all__ = ["StagePlan", "hf_plan", "vllm_plan"]
+
+_C = Category
+
+
+class StagePlan:
+    """Phases of one stage plus what the report needs besides them."""
+
+    def __init__(
+        self,
+        *,
+        phases: list[PhaseMemory],
+        serving: ServingCapacity,
+        runtime: dict[str, int],
+        terms: list[tuple[str, Category, int, str]],
+        notes: list[str],
+    ) -> None:
+        self.phases = phases
+        self.serving = serving
+        self.runtime = runtime
+        self.terms = terms
+        self.notes = notes
+
+    @property
+    def peak(self) -> PhaseMemory:
+        return max(self.phases, key=lambda phase: phase.allocated_bytes)
+
+
+def _phase(name: str, note: str, parts: dict[Category, int]) -> PhaseMemory:
+    clean = {category: int(value) for category, value in parts.items() if value}
+    return PhaseMemory(name=name, allocated_bytes=sum(clean.values()), breakdown=clean, note=note)
+
+
+def _kv(ctx: InferenceContext, stage: StageWeights, tokens: int, *, block_size: int | None = None) -> int:
+    layers = [ctx.spec.layers[index] for index in stage.layers]
+    return kv_cache_bytes(
+        ctx.spec.attention,
+        layers,
+        tokens=tokens,
+        sequences=ctx.batch,
+        kv_bytes=ctx.kv_bytes,
+        tp=ctx.tp,
+        latent=ctx.latent_kv,
+        block_size=block_size,
+    )
+
+
+def _per_token(ctx: InferenceContext, stage: StageWeights) -> int:
+    layers = [ctx.spec.layers[index] for index in stage.layers]
+    return kv_cache_bytes(
+        ctx.spec.attention, layers, tokens=1, sequences=1, kv_bytes=ctx.kv_bytes, tp=ctx.tp, latent=ctx.latent_kv
+    )
+
+
+def hf_plan(ctx: InferenceContext, stage: StageWeights) -> StagePlan:
+    """Prefill and last-decode-step memory of ``generate()`` on one stage."""
+    spec, b, cb = ctx.spec, ctx.batch, ctx.compute_bytes
+    seq_q = max(ctx.step_tokens // b, 1)
+    kv_prompt = _kv(ctx, stage, ctx.prompt)
+    working = hf_layer_working_bytes(
+        spec, batch=b, seq_q=seq_q, seq_kv=ctx.prompt, attention=ctx.attention, compute_bytes=cb, tp=ctx.tp
+    )
+    logits = logits_bytes(spec, rows=b, compute_bytes=cb) if stage.last else 0
+    base = {_C.PARAMETERS: stage.total, _C.OTHER: CUBLAS_WORKSPACE_BYTES}
+    prefill = _phase(
+        "prefill",
+        f"last layer of the prefill of {ctx.prompt} tokens x {b} sequences",
+        base | {_C.KV_CACHE: kv_prompt, _C.ACTIVATIONS: working, _C.TEMPORARY: logits, _C.INPUTS: 16 * b * ctx.prompt},
+    )
+    phases = [prefill]
+    kv_full = _kv(ctx, stage, ctx.context)
+    if ctx.context > ctx.prompt:
+        layer_kv = kv_full // max(len(stage.layers), 1)
+        step = hf_layer_working_bytes(
+            spec, batch=b, seq_q=1, seq_kv=ctx.context, attention=ctx.attention, compute_bytes=cb, tp=ctx.tp
+        )
+        decode_parts = {_C.KV_CACHE: kv_full, _C.ACTIVATIONS: step, _C.TEMPORARY: logits + layer_kv}
+        phases.append(
+            _phase(
+                "decode",
+                f"last decode step at {ctx.context} tokens (one layer's cache concatenated: old and new copies)",
+                base | decode_parts | {_C.INPUTS: 16 * b * ctx.context},
+            )
+        )
+    per_token = _per_token(ctx, stage)
+    serving = ServingCapacity(
+        engine="hf", tokens_per_sequence=ctx.context, kv_bytes_per_token=per_token, kv_bytes_needed=kv_full
+    )
+    kv_formula = f"{b} sequences x {ctx.context} tokens x {format_bytes(per_token)} per token (window-capped)"
+    terms = [
+        ("weights", _C.PARAMETERS, stage.total, _weights_formula(ctx, stage)),
+        ("KV cache at the end", _C.KV_CACHE, kv_full, kv_formula),
+        ("prefill layer working set", _C.ACTIVATIONS, working, f"one layer for {b} x {seq_q} tokens ({ctx.attention})"),
+        ("last-position logits", _C.TEMPORARY, logits, f"{b} x vocab {spec.vocab_size} x ({cb} + 4 float32) bytes"),
+    ]
+    return StagePlan(phases=phases, serving=serving, runtime={}, terms=terms, notes=[])
+
+
+def _weights_formula(ctx: InferenceContext, stage: StageWeights) -> str:
+    fmt = ctx.weights
+    what = f"linears as {fmt.name} ({fmt.source}), the rest" if fmt else "all"
+    return (
+        f"{what} in {ctx.compute_bytes}-byte elements; layers {format_bytes(stage.layer_bytes)} + embedding "
+        f"{format_bytes(stage.embedding_bytes)} + head {format_bytes(stage.head_bytes)} (tp {ctx.tp})"
+    )
+
+
+def _vllm_activation(ctx: InferenceContext, stage: StageWeights) -> tuple[int, str]:
+    """The profile run's torch peak above the weights: a forward step or the sampler."""
+    spec, cb, rows = ctx.spec, ctx.compute_bytes, ctx.workload.max_num_seqs
+    tokens = ctx.step_tokens
+    forward = vllm_layer_working_bytes(spec, tokens=tokens, compute_bytes=cb, tp=ctx.tp)
+    sampler = tokens * spec.hidden_size * cb + sampler_bytes(spec, rows=rows, compute_bytes=cb) if stage.last else 0
+    if sampler > forward:
+        return sampler, f"sampler step over max_num_seqs {rows} sequences x vocab {spec.vocab_size}"
+    return forward, f"one layer over a step of {tokens} tokens"
+
+
+def _runtime(ctx: InferenceContext) -> dict[str, int]:
+    runtime = {"cuda_context_and_kernels": VLLM.non_torch_bytes, "cuda_graphs": VLLM.cuda_graph_bytes}
+    if ctx.tp > 1 or ctx.workload.parallel.pp > 1:
+        runtime["nccl_and_custom_allreduce"] = VLLM.tp_comm_bytes
+    return runtime
+
+
+def vllm_plan(ctx: InferenceContext, stage: StageWeights, capacity: int | None) -> StagePlan:
+    """Profile-run and serving memory of vLLM on one stage (``capacity``: the GPU's bytes, if known)."""
+    workload = ctx.workload
+    activation, what = _vllm_activation(ctx, stage)
+    runtime = _runtime(ctx)
+    base = {_C.PARAMETERS: stage.total, _C.OTHER: 0}
+    profile = _phase("profile", f"profile run: {what}", base | {_C.ACTIVATIONS: activation})
+    block = workload.block_size
+    per_token = _per_token(ctx, stage)
+    needed = _kv(ctx, stage, ctx.context, block_size=block)
+    per_sequence = needed // ctx.batch
+    block_bytes = per_token * block
+    notes: list[str] = []
+    if capacity is None:
+        pool, budget, blocks, concurrent = needed, None, None, None
+        notes.append("vllm without a GPU: the KV pool shown is what batch x context needs")
+    else:
+        budget = int(workload.gpu_memory_utilization * capacity)
+        pool = budget - stage.total - activation - sum(runtime.values())
+        blocks = max(pool, 0) // block_bytes if block_bytes else 0
+        concurrent = min(workload.max_num_seqs, max(pool, 0) // per_sequence) if per_sequence else 0
+    serving_phase = _phase(
+        "serving",
+        "weights, the pre-allocated KV pool and the profiled activation peak",
+        base | {_C.KV_CACHE: max(pool, 0), _C.ACTIVATIONS: activation},
+    )
+    serving = ServingCapacity(
+        engine="vllm",
+        tokens_per_sequence=ctx.context,
+        kv_bytes_per_token=per_token,
+        kv_bytes_needed=needed,
+        budget_bytes=budget,
+        kv_pool_bytes=pool if capacity is not None else None,
+        kv_block_bytes=block_bytes,
+        kv_blocks=blocks,
+        max_concurrent_sequences=concurrent,
+    )
+    blocks_formula = f"{ctx.batch} x ceil({ctx.context} / {block}) blocks x {format_bytes(block_bytes)} per block"
+    terms = [
+        ("weights", _C.PARAMETERS, stage.total, _weights_formula(ctx, stage)),
+        ("profile activation peak", _C.ACTIVATIONS, activation, what),
+        ("KV needed", _C.KV_CACHE, needed, blocks_formula),
+    ]
+    if budget is not None:
+        pool_formula = (
+            f"{workload.gpu_memory_utilization} x {format_bytes(capacity or 0)} - weights - activation peak"
+            " - non-torch memory - CUDA graphs"
+        )
+        terms.append(("KV pool", _C.KV_CACHE, max(pool, 0), pool_formula))
+    return StagePlan(phases=[profile, serving_phase], serving=serving, runtime=runtime, terms=terms, notes=notes)

@@ -1,0 +1,144 @@
+"""Inference weights on one rank, at their storage format.
+
+Decoder layers hold their linears (quantized when a format is given, unless
+skipped), biases, norms and MoE routers in the compute dtype. Tensor
+parallelism splits attention heads, MLP inner widths and routed experts
+(``ep`` splits experts instead) and the vocabulary of embedding and head; norms
+and routers are replicated; an MLA latent projection is replicated too. The
+first pipeline stage holds the embedding, the last the final norm and the head
+(a tied head is the embedding itself unless the two are on different stages).
+vLLM pads each rank's vocabulary slice to a multiple of 64.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from vramlens.estimate.infer.context import InferenceContext
+from vramlens.estimate.infer.engines import VLLM
+from vramlens.model.components import MlpKind
+from vramlens.model.modules import LinearShape, layer_linears
+from vramlens.model.params import attention_parameters, mlp_parameters, moe_parameters, norm_parameters
+from vramlens.workload.options import Engine
+
+__all__ = ["StageWeights", "stage_weights"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StageWeights:
+    """Weight bytes of one pipeline stage on one rank."""
+
+    name: str
+    layers: range
+    layer_bytes: int
+    """All decoder layers of the stage."""
+    embedding_bytes: int
+    head_bytes: int
+    """Final norm, LM head (and parts outside the decoder such as a vision tower)."""
+    first: bool
+    last: bool
+
+    @property
+    def total(self) -> int:
+        return self.layer_bytes + self.embedding_bytes + self.head_bytes
+
+
+def _expert_shapes(ctx: InferenceContext) -> list[LinearShape]:
+    moe = ctx.spec.moe
+    assert moe is not None
+    h, i = ctx.spec.hidden_size, moe.expert_intermediate_size
+    up = [LinearShape(name="experts.up", in_features=h, out_features=i, group="moe")]
+    if moe.expert_kind is MlpKind.GATED:
+        up.append(LinearShape(name="experts.gate", in_features=h, out_features=i, group="moe"))
+    return [*up, LinearShape(name="experts.down", in_features=i, out_features=h, group="moe")]
+
+
+def _split(shape: LinearShape, tp: int) -> tuple[int, int]:
+    """(out, in) of one rank's slice: column-parallel layers split outputs, row-parallel inputs."""
+    if shape.group in ("attn_out", "mlp_out") or shape.name == "experts.down":
+        return shape.out_features, shape.in_features // tp
+    if shape.name == "kv_a_proj_with_mqa" or shape.name == "q_a_proj":
+        return shape.out_features, shape.in_features  # MLA down-projections are replicated
+    return shape.out_features // tp, shape.in_features
+
+
+def _linear_bytes(ctx: InferenceContext, shapes: list[LinearShape], copies: float) -> tuple[float, int]:
+    """(bytes, elements) of ``copies`` of each shape on one rank."""
+    tp, fmt = ctx.tp, ctx.weights
+    total, elements = 0.0, 0
+    for shape in shapes:
+        out, inp = _split(shape, tp)
+        elements += round(copies * out * inp)
+        if fmt is not None and fmt.quantizes(shape.name, shape.group):
+            total += copies * fmt.linear_bytes(out, inp)
+        else:
+            total += copies * out * inp * ctx.compute_bytes
+    return total, elements
+
+
+def _layer_bytes(ctx: InferenceContext, moe_layer: bool) -> float:
+    """Bytes of one decoder layer on one rank."""
+    spec, tp, ep = ctx.spec, ctx.tp, ctx.workload.parallel.ep
+    h = spec.hidden_size
+    elements = attention_parameters(spec.attention, h) // tp + spec.norms_per_layer * norm_parameters(spec.norm, h)
+    shapes = list(layer_linears(spec, moe_layer=moe_layer))
+    linear, linear_elements = _linear_bytes(ctx, shapes, 1)
+    if moe_layer and spec.moe is not None:
+        routed, shared, router = moe_parameters(spec.moe, h)
+        elements += routed // (ep * tp) + shared // tp + router
+        experts, expert_elements = _linear_bytes(ctx, _expert_shapes(ctx), spec.moe.num_experts / ep)
+        linear += experts
+        linear_elements += expert_elements
+    else:
+        assert spec.mlp is not None
+        elements += mlp_parameters(spec.mlp, h) // tp
+    rest = max(elements - linear_elements, 0)  # norms, biases, routers, q/k norms
+    return linear + rest * ctx.compute_bytes
+
+
+def _vocab_rows(ctx: InferenceContext) -> int:
+    rows = math.ceil(ctx.spec.vocab_size / ctx.tp)
+    if ctx.engine is Engine.VLLM:
+        pad = VLLM.lm_head_vocab_padding
+        rows = math.ceil(rows / pad) * pad
+    return rows
+
+
+def _stage(ctx: InferenceContext, name: str, layers: range, *, first: bool, last: bool) -> StageWeights:
+    spec = ctx.spec
+    moe = sum(1 for index in layers if spec.layers[index].moe)
+    per_layer = {False: _layer_bytes(ctx, False) if len(layers) > moe else 0.0}
+    if moe:
+        per_layer[True] = _layer_bytes(ctx, True)
+    layer_bytes = (len(layers) - moe) * per_layer[False] + moe * per_layer.get(True, 0.0)
+    table = _vocab_rows(ctx) * spec.hidden_size * ctx.compute_bytes
+    breakdown = spec.parameter_breakdown
+    embedding = table + breakdown.position_embedding * ctx.compute_bytes if first else 0
+    head = 0
+    if last:
+        untied_head = not spec.tie_word_embeddings or not first
+        head = (breakdown.final_norm + breakdown.extra) * ctx.compute_bytes + (table if untied_head else 0)
+        head += (spec.vocab_size if spec.lm_head_bias else 0) * ctx.compute_bytes // ctx.tp
+    return StageWeights(
+        name=name,
+        layers=layers,
+        layer_bytes=round(layer_bytes),
+        embedding_bytes=embedding,
+        head_bytes=head,
+        first=first,
+        last=last,
+    )
+
+
+def stage_weights(ctx: InferenceContext) -> tuple[StageWeights, ...]:
+    """The stages worth evaluating: all layers (pp = 1), or the first and last pipeline stages."""
+    layers, pp = ctx.spec.num_layers, ctx.workload.parallel.pp
+    if pp == 1:
+        return (_stage(ctx, "all layers", range(layers), first=True, last=True),)
+    per_stage = math.ceil(layers / pp)
+    last_start = per_stage * (pp - 1)
+    return (
+        _stage(ctx, "first pipeline stage", range(per_stage), first=True, last=False),
+        _stage(ctx, "last pipeline stage", range(min(last_start, layers - 1), layers), first=False, last=True),
+    )
