@@ -12,6 +12,7 @@ checkpoints do. The byte counts of the side tensors are the functions of
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from vramlens._compat import StrEnum
@@ -25,7 +26,7 @@ from vramlens.dtypes import (
 from vramlens.model.quantization import QuantizationSpec, QuantMethod
 from vramlens.workload.options import Quant
 
-__all__ = ["Scheme", "WeightFormat", "format_for_checkpoint", "format_for_quant"]
+__all__ = ["Scheme", "WeightFormat", "format_for_checkpoint", "format_for_quant", "layer_index"]
 
 #: GPTQ/AWQ group size when the workload names only the format (AutoGPTQ, AutoAWQ default).
 DEFAULT_GROUP_SIZE = 128
@@ -68,6 +69,11 @@ class WeightFormat:
     source: str = "workload"
     """``workload`` (the ``quant`` key) or ``checkpoint`` (its quantization_config)."""
 
+    @property
+    def skipped_layers(self) -> frozenset[int]:
+        """Decoder layers named by a skip entry (their linears are counted one layer at a time)."""
+        return frozenset(i for i in map(layer_index, self.skip_modules) if i is not None)
+
     def linear_bytes(self, out_features: int, in_features: int) -> float:
         """Bytes of one quantized ``out x in`` weight with its side tensors (no bias)."""
         n = out_features * in_features
@@ -84,9 +90,14 @@ class WeightFormat:
             return n / 2 + mxfp4_scale_bytes(n)
         return n + fp8_block_scale_bytes(out_features, in_features, block=self.block)
 
-    def quantizes(self, module: str, group: str) -> bool:
-        """Whether the linear ``module`` (of ``group`` attn_*/mlp_*/moe/mla_*) is stored quantized."""
+    def quantizes(self, module: str, group: str, layer: int | None = None) -> bool:
+        """Whether the linear ``module`` (of ``group`` attn_*/mlp_*/moe/mla_*) of decoder layer
+        ``layer`` is stored quantized. A skip entry naming a layer (``model.layers.0.mlp.down_proj``)
+        applies to that layer only, as transformers matches skips against full module names."""
         for skipped in self.skip_modules:
+            index = layer_index(skipped)
+            if index is not None and index != layer:
+                continue
             last = skipped.rsplit(".", 1)[-1]
             if last == module or (last in ("self_attn", "attn", "attention") and group.startswith(("attn", "mla"))):
                 return False
@@ -94,6 +105,14 @@ class WeightFormat:
                 return False
         return True
 
+
+def layer_index(name: str) -> int | None:
+    """The decoder layer a module name points into (``model.layers.3.mlp`` -> 3), if any."""
+    match = _LAYER.search(name)
+    return int(match.group(1)) if match else None
+
+
+_LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks)\.(\d+)(?:\.|$)")
 
 _BY_QUANT = {
     Quant.NF4: WeightFormat(name="nf4", scheme=Scheme.BNB_4BIT, bits=4),

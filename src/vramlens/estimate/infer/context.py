@@ -63,6 +63,8 @@ def _engine(workload: Workload, notes: list[str]) -> Engine:
         raise InputError(
             f"framework: {framework} is a training framework; for mode infer use framework hf or vllm (or engine)"
         )
+    if framework is Framework.HF and workload.engine is Engine.VLLM:
+        raise InputError("engine: vllm conflicts with framework hf (transformers); use framework vllm or auto")
     if workload.engine is Engine.HF:
         notes.append("engine hf: transformers generate() with its default DynamicCache, batch sequences padded alike")
     return workload.engine

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from vramlens.estimate.infer.context import InferenceContext
 from vramlens.estimate.infer.engines import VLLM
+from vramlens.estimate.infer.kv_cache import kv_heads_per_rank
 from vramlens.model.components import MlpKind
 from vramlens.model.modules import LinearShape, layer_linears
 from vramlens.model.params import attention_parameters, mlp_parameters, moe_parameters, norm_parameters
@@ -54,40 +55,50 @@ def _expert_shapes(ctx: InferenceContext) -> list[LinearShape]:
     return [*up, LinearShape(name="experts.down", in_features=i, out_features=h, group="moe")]
 
 
-def _split(shape: LinearShape, tp: int) -> tuple[int, int]:
-    """(out, in) of one rank's slice: column-parallel layers split outputs, row-parallel inputs."""
+def _split(ctx: InferenceContext, shape: LinearShape) -> tuple[int, int]:
+    """(out, in) of one rank's slice: column-parallel layers split outputs, row-parallel inputs.
+    K/V projections keep whole heads: one replicated head per rank when tp exceeds the KV heads."""
+    tp, attention = ctx.tp, ctx.spec.attention
     if shape.group in ("attn_out", "mlp_out") or shape.name == "experts.down":
         return shape.out_features, shape.in_features // tp
-    if shape.name == "kv_a_proj_with_mqa" or shape.name == "q_a_proj":
+    if shape.name in ("kv_a_proj_with_mqa", "q_a_proj"):
         return shape.out_features, shape.in_features  # MLA down-projections are replicated
+    if shape.group == "attn_in" and attention.mla is None:
+        kv = kv_heads_per_rank(attention.num_kv_heads, tp) * attention.head_dim
+        q = attention.num_heads // tp * attention.head_dim
+        out = {"q_proj": q, "k_proj": kv, "v_proj": kv}.get(shape.name, q + 2 * kv)
+        return out, shape.in_features
     return shape.out_features // tp, shape.in_features
 
 
-def _linear_bytes(ctx: InferenceContext, shapes: list[LinearShape], copies: float) -> tuple[float, int]:
-    """(bytes, elements) of ``copies`` of each shape on one rank."""
-    tp, fmt = ctx.tp, ctx.weights
+def _linear_bytes(
+    ctx: InferenceContext, shapes: list[LinearShape], copies: float, layer: int | None
+) -> tuple[float, int]:
+    """(bytes on one rank, elements counted as ``parameters // tp``) of ``copies`` of each shape
+    in decoder layer ``layer``; the element count is what the parameter counts subtract."""
+    fmt = ctx.weights
     total, elements = 0.0, 0
     for shape in shapes:
-        out, inp = _split(shape, tp)
-        elements += round(copies * out * inp)
-        if fmt is not None and fmt.quantizes(shape.name, shape.group):
+        out, inp = _split(ctx, shape)
+        elements += round(copies * shape.out_features * shape.in_features / ctx.tp)
+        if fmt is not None and fmt.quantizes(shape.name, shape.group, layer):
             total += copies * fmt.linear_bytes(out, inp)
         else:
             total += copies * out * inp * ctx.compute_bytes
     return total, elements
 
 
-def _layer_bytes(ctx: InferenceContext, moe_layer: bool) -> float:
-    """Bytes of one decoder layer on one rank."""
+def _layer_bytes(ctx: InferenceContext, moe_layer: bool, layer: int | None = None) -> float:
+    """Bytes of one decoder layer on one rank (``layer``: its index, for layer-specific skips)."""
     spec, tp, ep = ctx.spec, ctx.tp, ctx.workload.parallel.ep
     h = spec.hidden_size
     elements = attention_parameters(spec.attention, h) // tp + spec.norms_per_layer * norm_parameters(spec.norm, h)
     shapes = list(layer_linears(spec, moe_layer=moe_layer))
-    linear, linear_elements = _linear_bytes(ctx, shapes, 1)
+    linear, linear_elements = _linear_bytes(ctx, shapes, 1, layer)
     if moe_layer and spec.moe is not None:
         routed, shared, router = moe_parameters(spec.moe, h)
         elements += routed // (ep * tp) + shared // tp + router
-        experts, expert_elements = _linear_bytes(ctx, _expert_shapes(ctx), spec.moe.num_experts / ep)
+        experts, expert_elements = _linear_bytes(ctx, _expert_shapes(ctx), spec.moe.num_experts / ep, layer)
         linear += experts
         linear_elements += expert_elements
     else:
@@ -98,11 +109,12 @@ def _layer_bytes(ctx: InferenceContext, moe_layer: bool) -> float:
 
 
 def _vocab_rows(ctx: InferenceContext) -> int:
-    rows = math.ceil(ctx.spec.vocab_size / ctx.tp)
+    """Embedding rows per rank; vLLM pads the vocabulary to a multiple of 64, then splits it."""
+    vocab = ctx.spec.vocab_size
     if ctx.engine is Engine.VLLM:
         pad = VLLM.lm_head_vocab_padding
-        rows = math.ceil(rows / pad) * pad
-    return rows
+        vocab = math.ceil(vocab / pad) * pad
+    return math.ceil(vocab / ctx.tp)
 
 
 def _stage(ctx: InferenceContext, name: str, layers: range, *, first: bool, last: bool) -> StageWeights:
@@ -112,6 +124,10 @@ def _stage(ctx: InferenceContext, name: str, layers: range, *, first: bool, last
     if moe:
         per_layer[True] = _layer_bytes(ctx, True)
     layer_bytes = (len(layers) - moe) * per_layer[False] + moe * per_layer.get(True, 0.0)
+    special = ctx.weights.skipped_layers if ctx.weights is not None else frozenset()
+    for index in special & set(layers):
+        moe_layer = spec.layers[index].moe
+        layer_bytes += _layer_bytes(ctx, moe_layer, index) - per_layer[moe_layer]
     table = _vocab_rows(ctx) * spec.hidden_size * ctx.compute_bytes
     breakdown = spec.parameter_breakdown
     embedding = table + breakdown.position_embedding * ctx.compute_bytes if first else 0
