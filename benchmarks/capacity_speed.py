@@ -20,7 +20,7 @@ QUESTIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("batch", {"model": "llama-3.1-8b", "engine": "hf", "gpu": "a100-80gb", "prompt": 2048, "generate": 512}),
     ("batch", {"model": "llama-3.1-70b", "engine": "vllm", "gpu": "h100-80gb", "parallel": {"tp": 4, "gpus": 4}}),
     ("context", {"model": "qwen2.5-7b", "engine": "hf", "gpu": "rtx-4090", "quant": "awq-int4"}),
-    ("context", {"model": "deepseek-v3", "engine": "vllm", "gpu": "h200", "quant": "fp8", "parallel": {"tp": 8}}),
+    ("context", {"model": "deepseek-v3", "engine": "vllm", "gpu": "h200", "parallel": {"tp": 8, "gpus": 8}}),
     ("batch", {"model": "gemma-2-9b-it", "engine": "hf", "gpu": "l4", "context": 8192}),
 )
 
