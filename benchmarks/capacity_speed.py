@@ -25,26 +25,6 @@ QUESTIONS: tuple[tuple[str, dict[str, Any]], ...] = (
 )
 
 
-def _count_calls(key: str, workload: dict[str, Any]) -> int:
-    calls = 0
-    original = capacity._largest
-
-    def counting(fits: Any, limit: int) -> Any:
-        def counted(value: int) -> Any:
-            nonlocal calls
-            calls += 1
-            return fits(value)
-
-        return original(counted, limit)
-
-    capacity._largest = counting  # type: ignore[assignment]
-    try:
-        capacity.search_capacity(workload, key)
-    finally:
-        capacity._largest = original  # type: ignore[assignment]
-    return calls
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=20)
@@ -61,8 +41,7 @@ def main() -> None:
             capacity.search_capacity(workload, key)
             warm.append((time.perf_counter() - start) * 1000)
         label = f"max {key}: " + ", ".join(f"{k}={v}" for k, v in base.items())
-        calls = _count_calls(key, workload)
-        print(f"{label[:70]:70s} {answer.value:7d} {calls:6d} {first:9.2f} {statistics.median(warm):8.2f}")
+        print(f"{label[:70]:70s} {answer.value:7d} {answer.evaluations:6d} {first:9.2f} {statistics.median(warm):8.2f}")
 
 
 if __name__ == "__main__":

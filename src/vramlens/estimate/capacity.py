@@ -44,6 +44,8 @@ class CapacityAnswer:
     """The largest value searched (max_num_seqs, max_position_embeddings, or the search cap)."""
     report: MemoryReport | None
     """The estimate at ``value`` (None when nothing fits)."""
+    evaluations: int
+    """Estimates the search ran."""
 
 
 def _estimator(workload: Workload) -> Callable[[ModelSpec, Workload, GpuSpec], MemoryReport]:
@@ -107,9 +109,16 @@ def search_capacity(source: Source, key: str, **overrides: Any) -> CapacityAnswe
         report = run(spec, changed, gpu)
         return report if report.fits else None
 
+    calls = 0
+
+    def counted(value: int) -> MemoryReport | None:
+        nonlocal calls
+        calls += 1
+        return fits(value)
+
     limit = _limit(spec, workload, key)
-    value, report = _largest(fits, limit)
-    return CapacityAnswer(key=key, value=value, limit=limit, report=report)
+    value, report = _largest(counted, limit)
+    return CapacityAnswer(key=key, value=value, limit=limit, report=report, evaluations=calls)
 
 
 def max_batch(workload: Source, **overrides: Any) -> int:

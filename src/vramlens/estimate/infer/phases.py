@@ -18,6 +18,8 @@ what ``batch`` sequences of the full context need.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from vramlens.categories import Category
 from vramlens.estimate.infer.context import InferenceContext
 from vramlens.estimate.infer.engines import VLLM
@@ -36,25 +38,21 @@ from vramlens.units import format_bytes
 __all__ = ["StagePlan", "hf_plan", "vllm_plan"]
 
 _C = Category
+#: int64 input_ids and attention_mask per token (generate's inputs; position ids are recomputed per step).
+_INPUT_BYTES_PER_TOKEN = 16
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
 class StagePlan:
     """Phases of one stage plus what the report needs besides them."""
 
-    def __init__(
-        self,
-        *,
-        phases: list[PhaseMemory],
-        serving: ServingCapacity,
-        runtime: dict[str, int],
-        terms: list[tuple[str, Category, int, str]],
-        notes: list[str],
-    ) -> None:
-        self.phases = phases
-        self.serving = serving
-        self.runtime = runtime
-        self.terms = terms
-        self.notes = notes
+    phases: list[PhaseMemory]
+    serving: ServingCapacity
+    runtime: dict[str, int]
+    """Memory outside PyTorch's allocator, by part (vLLM); empty for transformers."""
+    terms: list[tuple[str, Category, int, str]]
+    """(name, category, bytes, formula) of each explained quantity."""
+    notes: list[str]
 
     @property
     def peak(self) -> PhaseMemory:
@@ -100,7 +98,13 @@ def hf_plan(ctx: InferenceContext, stage: StageWeights) -> StagePlan:
     prefill = _phase(
         "prefill",
         f"last layer of the prefill of {ctx.prompt} tokens x {b} sequences",
-        base | {_C.KV_CACHE: kv_prompt, _C.ACTIVATIONS: working, _C.TEMPORARY: logits, _C.INPUTS: 16 * b * ctx.prompt},
+        base
+        | {
+            _C.KV_CACHE: kv_prompt,
+            _C.ACTIVATIONS: working,
+            _C.TEMPORARY: logits,
+            _C.INPUTS: _INPUT_BYTES_PER_TOKEN * b * ctx.prompt,
+        },
     )
     phases = [prefill]
     kv_full = _kv(ctx, stage, ctx.context)
@@ -114,7 +118,7 @@ def hf_plan(ctx: InferenceContext, stage: StageWeights) -> StagePlan:
             _phase(
                 "decode",
                 f"last decode step at {ctx.context} tokens (one layer's cache concatenated: old and new copies)",
-                base | decode_parts | {_C.INPUTS: 16 * b * ctx.context},
+                base | decode_parts | {_C.INPUTS: _INPUT_BYTES_PER_TOKEN * b * ctx.context},
             )
         )
     per_token = _per_token(ctx, stage)
