@@ -157,7 +157,7 @@ def test_unknown_answer_is_an_input_error() -> None:
         search_capacity({"model": "llama-3.1-8b", "mode": "infer", "gpu": "h100-80gb"}, "seq")
 
 
-def count_evaluations(monkeypatch: pytest.MonkeyPatch, workload: dict[str, Any], key: str) -> int:
+def count_evaluations(workload: dict[str, Any], key: str) -> int:
     """Estimates the search evaluates (as the answer reports them)."""
     return search_capacity(workload, key).evaluations
 
@@ -173,9 +173,9 @@ def count_evaluations(monkeypatch: pytest.MonkeyPatch, workload: dict[str, Any],
         ("batch", {"model": "gpt2", "engine": "hf", "gpu": "b200", "context": 16}),
     ],
 )
-def test_search_evaluates_few_estimates(monkeypatch: pytest.MonkeyPatch, key: str, workload: dict[str, Any]) -> None:
+def test_search_evaluates_few_estimates(key: str, workload: dict[str, Any]) -> None:
     """Exponential growth then bisection: about 2 log2(limit) estimates, never a scan."""
-    assert count_evaluations(monkeypatch, {"mode": "infer", **workload}, key) < 64
+    assert count_evaluations({"mode": "infer", **workload}, key) < 64
 
 
 @pytest.mark.parametrize("limit", [1, 2, 3, 7, 8, 255, 256, 1000])

@@ -15,12 +15,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from vramlens.errors import InputError
-from vramlens.hardware import GpuSpec, resolve_gpu
+from vramlens.estimate import estimate_resolved
+from vramlens.estimate.infer.context import inference_engine
+from vramlens.hardware import resolve_gpu
 from vramlens.model.resolve import load_model
 from vramlens.model.spec import ModelSpec
 from vramlens.report.model import MemoryReport
 from vramlens.workload.load import load_workload
-from vramlens.workload.options import Engine, Framework, Mode
+from vramlens.workload.options import Engine, Mode
 from vramlens.workload.spec import Workload
 
 __all__ = ["CapacityAnswer", "max_batch", "max_context", "search_capacity"]
@@ -48,16 +50,6 @@ class CapacityAnswer:
     """Estimates the search ran."""
 
 
-def _estimator(workload: Workload) -> Callable[[ModelSpec, Workload, GpuSpec], MemoryReport]:
-    if workload.mode is Mode.INFER:
-        from vramlens.estimate.infer import estimate_inference
-
-        return lambda spec, w, gpu: estimate_inference(spec, w, gpu=gpu)
-    from vramlens.estimate.training import estimate_training
-
-    return lambda spec, w, gpu: estimate_training(spec, w, gpu=gpu)
-
-
 def _largest(fits: Callable[[int], MemoryReport | None], limit: int) -> tuple[int, MemoryReport | None]:
     """Largest ``n`` in [1, limit] whose report fits (``fits`` returns it, or None)."""
     best: tuple[int, MemoryReport | None] = (0, None)
@@ -80,8 +72,8 @@ def _largest(fits: Callable[[int], MemoryReport | None], limit: int) -> tuple[in
 
 def _limit(spec: ModelSpec, workload: Workload, key: str) -> int:
     if key == "batch":
-        vllm = workload.engine is Engine.VLLM or workload.framework is Framework.VLLM
-        return workload.max_num_seqs if workload.mode is Mode.INFER and vllm else MAX_SEARCH_BATCH
+        vllm = workload.mode is Mode.INFER and inference_engine(workload) is Engine.VLLM
+        return workload.max_num_seqs if vllm else MAX_SEARCH_BATCH
     if workload.allow_long_context:
         return MAX_SEARCH_CONTEXT
     return spec.max_position_embeddings
@@ -98,7 +90,6 @@ def search_capacity(source: Source, key: str, **overrides: Any) -> CapacityAnswe
         raise InputError(f"capacity: unknown answer {key!r}; expected batch or context")
     spec, gpu = load_model(workload.model), resolve_gpu(workload.gpu)
     workload = dataclasses.replace(workload, model=spec)
-    run = _estimator(workload)
 
     def fits(value: int) -> MemoryReport | None:
         changed = (
@@ -106,7 +97,7 @@ def search_capacity(source: Source, key: str, **overrides: Any) -> CapacityAnswe
             if key == "batch"
             else dataclasses.replace(workload, context=value)
         )
-        report = run(spec, changed, gpu)
+        report = estimate_resolved(spec, changed, gpu)
         return report if report.fits else None
 
     calls = 0

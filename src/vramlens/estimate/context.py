@@ -23,7 +23,7 @@ from vramlens.workload.options import (
 )
 from vramlens.workload.spec import Workload
 
-__all__ = ["TrainingContext", "resolve_training"]
+__all__ = ["TrainingContext", "check_head_split", "resolve_training"]
 
 _BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
@@ -123,14 +123,9 @@ def _optimizer_impl(workload: Workload, profile: FrameworkProfile, notes: list[s
     return profile.optimizer_impl
 
 
-def _check_model_fit(spec: ModelSpec, workload: Workload) -> None:
-    """Workload rules that need the model: context length, TP/EP divisibility."""
-    limit = spec.max_position_embeddings
-    if workload.seq > limit and not workload.allow_long_context:
-        raise InputError(
-            f"seq: {workload.seq} exceeds {spec.name}'s max_position_embeddings {limit}; "
-            "set allow_long_context: true if the model is set up for it (RoPE scaling)"
-        )
+def check_head_split(spec: ModelSpec, workload: Workload) -> None:
+    """Tensor parallelism splits attention by heads (KV heads replicated when tp exceeds them),
+    expert parallelism splits routed experts; both engines (training and inference) require it."""
     tp = workload.parallel.tp
     if spec.num_heads % tp or (spec.num_kv_heads % tp and tp % spec.num_kv_heads):
         raise InputError(
@@ -141,6 +136,17 @@ def _check_model_fit(spec: ModelSpec, workload: Workload) -> None:
     if ep > 1 and (spec.moe is None or spec.moe.num_experts % ep):
         experts = spec.moe.num_experts if spec.moe else 0
         raise InputError(f"parallel.ep: {ep} must divide the model's {experts} experts (ep > 1 needs an MoE model)")
+
+
+def _check_model_fit(spec: ModelSpec, workload: Workload) -> None:
+    """Workload rules that need the model: context length, TP/EP divisibility."""
+    limit = spec.max_position_embeddings
+    if workload.seq > limit and not workload.allow_long_context:
+        raise InputError(
+            f"seq: {workload.seq} exceeds {spec.name}'s max_position_embeddings {limit}; "
+            "set allow_long_context: true if the model is set up for it (RoPE scaling)"
+        )
+    check_head_split(spec, workload)
     if workload.seq % workload.parallel.cp:
         raise InputError(f"parallel.cp: {workload.parallel.cp} must divide seq {workload.seq}")
     if workload.method is Method.QLORA and workload.quant in (Quant.FP8, Quant.GPTQ_INT8, Quant.INT8):

@@ -62,6 +62,8 @@ class ServingCapacity:
 
     engine: str
     """"hf" or "vllm"."""
+    sequences: int
+    """Sequences the workload runs at once (its ``batch``)."""
     tokens_per_sequence: int
     """Prompt + generated tokens of one sequence."""
     kv_bytes_per_token: int
@@ -88,7 +90,7 @@ class ServingCapacity:
 
     def to_dict(self) -> dict[str, Any]:
         names = (
-            "engine", "tokens_per_sequence", "kv_bytes_per_token", "kv_bytes_needed", "budget_bytes",
+            "engine", "sequences", "tokens_per_sequence", "kv_bytes_per_token", "kv_bytes_needed", "budget_bytes",
             "kv_pool_bytes", "kv_block_bytes", "kv_blocks", "max_concurrent_sequences",
         )  # fmt: skip
         return {name: getattr(self, name) for name in names} | {"fits": self.fits}

@@ -97,9 +97,8 @@ def serving_lines(report: MemoryReport) -> list[str]:
     serving = report.serving
     if serving is None:
         return []
-    batch = report.workload_dict.get("batch")
     lines = [
-        f"KV cache: {format_bytes(serving.kv_bytes_per_token)} per token; {batch} sequences x "
+        f"KV cache: {format_bytes(serving.kv_bytes_per_token)} per token; {serving.sequences} sequences x "
         f"{serving.tokens_per_sequence} tokens need {format_bytes(serving.kv_bytes_needed)}"
     ]
     if serving.kv_pool_bytes is not None and serving.budget_bytes is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vramlens.errors import InputError
+from vramlens.estimate.context import check_head_split
 from vramlens.estimate.infer.engines import vllm_batched_tokens
 from vramlens.estimate.weight_format import WeightFormat, format_for_checkpoint, format_for_quant
 from vramlens.hardware import GpuSpec
@@ -17,7 +18,7 @@ from vramlens.model.spec import ModelSpec
 from vramlens.workload.options import AttentionImpl, Engine, Framework, KvDtype, Precision, Quant
 from vramlens.workload.spec import Workload
 
-__all__ = ["InferenceContext", "resolve_inference"]
+__all__ = ["InferenceContext", "inference_engine", "resolve_inference"]
 
 _COMPUTE_BYTES = {Precision.FP32: 4}
 
@@ -55,7 +56,9 @@ class InferenceContext:
         return self.workload.parallel.tp
 
 
-def _engine(workload: Workload, notes: list[str]) -> Engine:
+def inference_engine(workload: Workload) -> Engine:
+    """The engine an inference workload runs on: ``framework: vllm`` means vLLM, otherwise ``engine``.
+    Training frameworks, and ``framework: hf`` with ``engine: vllm``, are errors naming the key."""
     framework = workload.framework
     if framework is Framework.VLLM:
         return Engine.VLLM
@@ -65,8 +68,6 @@ def _engine(workload: Workload, notes: list[str]) -> Engine:
         )
     if framework is Framework.HF and workload.engine is Engine.VLLM:
         raise InputError("engine: vllm conflicts with framework hf (transformers); use framework vllm or auto")
-    if workload.engine is Engine.HF:
-        notes.append("engine hf: transformers generate() with its default DynamicCache, batch sequences padded alike")
     return workload.engine
 
 
@@ -102,20 +103,11 @@ def _check(spec: ModelSpec, workload: Workload, engine: Engine) -> None:
             f"{key}: {total} tokens exceed {spec.name}'s max_position_embeddings {limit}; "
             "set allow_long_context: true if the model is set up for it (RoPE scaling)"
         )
-    tp, heads, kv = workload.parallel.tp, spec.num_heads, spec.num_kv_heads
-    if heads % tp or (kv % tp and tp % kv):
-        raise InputError(
-            f"parallel.tp: {tp} must divide the {heads} attention heads and divide or be a multiple of the "
-            f"{kv} KV heads of {spec.name} ({engine} shards attention by heads)"
-        )
+    check_head_split(spec, workload)
     if workload.parallel.pp > spec.num_layers:
         raise InputError(
             f"parallel.pp: {workload.parallel.pp} stages for {spec.num_layers} layers; at most one per layer"
         )
-    ep = workload.parallel.ep
-    if ep > 1 and (spec.moe is None or spec.moe.num_experts % ep):
-        experts = spec.moe.num_experts if spec.moe else 0
-        raise InputError(f"parallel.ep: {ep} must divide the model's {experts} experts (ep > 1 needs an MoE model)")
     if engine is Engine.VLLM and workload.batch > workload.max_num_seqs:
         raise InputError(
             f"batch: {workload.batch} concurrent sequences exceed max_num_seqs {workload.max_num_seqs} "
@@ -137,7 +129,9 @@ def _attention(workload: Workload, engine: Engine, notes: list[str]) -> Attentio
 def resolve_inference(spec: ModelSpec, workload: Workload, gpu: GpuSpec | None) -> InferenceContext:
     """Resolve ``workload`` for ``spec``; raises :class:`InputError` naming the key on conflicts."""
     notes: list[str] = []
-    engine = _engine(workload, notes)
+    engine = inference_engine(workload)
+    if engine is Engine.HF:
+        notes.append("engine hf: transformers generate() with its default DynamicCache, batch sequences padded alike")
     _check(spec, workload, engine)
     compute = _COMPUTE_BYTES.get(workload.precision, 2)
     if workload.precision.mixed:

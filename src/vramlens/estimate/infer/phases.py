@@ -123,7 +123,7 @@ def hf_plan(ctx: InferenceContext, stage: StageWeights) -> StagePlan:
         )
     per_token = _per_token(ctx, stage)
     serving = ServingCapacity(
-        engine="hf", tokens_per_sequence=ctx.context, kv_bytes_per_token=per_token, kv_bytes_needed=kv_full
+        engine="hf", sequences=b, tokens_per_sequence=ctx.context, kv_bytes_per_token=per_token, kv_bytes_needed=kv_full
     )
     kv_formula = f"{b} sequences x {ctx.context} tokens x {format_bytes(per_token)} per token (window-capped)"
     terms = [
@@ -190,6 +190,7 @@ def vllm_plan(ctx: InferenceContext, stage: StageWeights, capacity: int | None) 
     )
     serving = ServingCapacity(
         engine="vllm",
+        sequences=ctx.batch,
         tokens_per_sequence=ctx.context,
         kv_bytes_per_token=per_token,
         kv_bytes_needed=needed,
