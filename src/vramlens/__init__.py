@@ -45,6 +45,8 @@ from vramlens.model import (
     supported_model_types,
 )
 from vramlens.report.model import MemoryReport, PhaseMemory, ServingCapacity, Term
+from vramlens.simulate import SimulationError, simulate
+from vramlens.trace import Timeline, load_timeline, save_timeline, track
 from vramlens.units import GB, GiB, format_bytes, format_count, parse_count, parse_size
 from vramlens.workload import LoraConfig, Parallelism, Workload, load_workload, workload_to_dict
 
@@ -82,7 +84,9 @@ __all__ = [
     "QuantMethod",
     "QuantizationSpec",
     "ServingCapacity",
+    "SimulationError",
     "Term",
+    "Timeline",
     "VramlensError",
     "Workload",
     "__version__",
@@ -95,6 +99,7 @@ __all__ = [
     "format_count",
     "gpu_table",
     "load_model",
+    "load_timeline",
     "load_workload",
     "max_batch",
     "max_context",
@@ -103,6 +108,9 @@ __all__ = [
     "parse_size",
     "read_checkpoint",
     "resolve_gpu",
+    "save_timeline",
+    "simulate",
     "supported_model_types",
+    "track",
     "workload_to_dict",
 ]

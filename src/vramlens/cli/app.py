@@ -13,8 +13,10 @@ import sys
 import click
 
 from vramlens._version import __version__
+from vramlens.cli.activations import activations_command
 from vramlens.cli.estimate import estimate_command
 from vramlens.cli.models import models
+from vramlens.cli.simulate import compare_command, simulate_command
 from vramlens.errors import VramlensError
 
 __all__ = ["cli", "main"]
@@ -26,8 +28,11 @@ def cli() -> None:
     """How much GPU memory training and inference of a model take, and why."""
 
 
+cli.add_command(activations_command)
 cli.add_command(estimate_command)
 cli.add_command(models)
+cli.add_command(simulate_command)
+cli.add_command(compare_command)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,7 +16,7 @@ import click
 
 from vramlens.errors import InputError
 
-__all__ = ["FLAGS", "estimate_command"]
+__all__ = ["FLAGS", "estimate_command", "with_workload_options", "workload_arguments"]
 
 #: flag name -> (workload path, help). Paths with a dot go into the ``lora`` / ``parallel`` blocks.
 FLAGS: dict[str, tuple[str, str]] = {
@@ -93,6 +93,27 @@ def _with_workload_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
+def workload_arguments(
+    model: str | None, config: str | None, options: dict[str, Any], *, command: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The workload file's keys and the flags' overrides of a command that takes MODEL/-c and workload flags."""
+    from vramlens.workload.load import read_workload_file
+
+    base: dict[str, Any] = read_workload_file(config) if config else {}
+    overrides = _overrides(options)
+    if model is not None:
+        overrides["model"] = model
+    if "model" not in base and "model" not in overrides:
+        raise InputError(
+            f"model: give MODEL (e.g. vramlens {command} llama-3.1-8b) or a workload file with a 'model' key (-c run.yaml)"
+        )
+    return base, overrides
+
+
+#: Adds every workload flag (and switch) to a click command.
+with_workload_options = _with_workload_options
+
+
 @click.command("estimate")
 @click.argument("model", required=False)
 @click.option(
@@ -110,16 +131,8 @@ def estimate_command(
 ) -> None:
     """Estimate per-GPU memory of training or serving MODEL (a catalog name, config path or cached HF id)."""
     from vramlens.estimate import estimate
-    from vramlens.workload.load import read_workload_file
 
-    base: dict[str, Any] = read_workload_file(config) if config else {}
-    overrides = _overrides(options)
-    if model is not None:
-        overrides["model"] = model
-    if "model" not in base and "model" not in overrides:
-        raise InputError(
-            "model: give MODEL (e.g. vramlens estimate llama-3.1-8b) or a workload file with a 'model' key (-c run.yaml)"
-        )
+    base, overrides = workload_arguments(model, config, options, command="estimate")
     if max_batch and max_context:
         raise InputError("--max-batch and --max-context: ask one at a time (the other value is held fixed)")
     answer = None

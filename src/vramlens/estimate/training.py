@@ -25,6 +25,7 @@ from vramlens.estimate.runtime import CUBLAS_WORKSPACE_BYTES, runtime_memory
 from vramlens.hardware import GpuSpec
 from vramlens.model.spec import ModelSpec
 from vramlens.report.model import MemoryReport, PhaseMemory
+from vramlens.workload.options import Shard
 from vramlens.workload.spec import Workload
 
 __all__ = ["estimate_training", "training_phases"]
@@ -55,6 +56,23 @@ def _forward(ctx: TrainingContext, mem: StageMemory) -> PhaseMemory:
     return _phase("forward", "end of forward: the loss, or the last layer's working set", parts)
 
 
+def tied_embedding_grad_bytes(ctx: TrainingContext) -> int:
+    """Bytes of one contribution to a tied embedding's gradient (vocab x hidden x grad bytes),
+    when the tied matrix is trained in full on one unsharded rank; else 0.
+
+    The matrix gets two gradient contributions (LM head first, embedding last). The
+    autograd engine buffers the head's until the embedding's arrives and sums them into a
+    new tensor (``InputBuffer::accumulate``), so at the embedding's backward both
+    contributions and their sum are alive. Seen in simulated and tracked CPU runs of tied
+    models (e.g. Llama-3.2-1B: three 1002 MiB fp32 tensors at once).
+    """
+    parallel = ctx.workload.parallel
+    unsharded = parallel.shard in (Shard.NONE, Shard.DDP, Shard.ZERO1)
+    if not (ctx.spec.tie_word_embeddings and ctx.full and unsharded and parallel.tp == 1 and parallel.pp == 1):
+        return 0
+    return ctx.spec.vocab_size * ctx.spec.hidden_size * ctx.grad_bytes
+
+
 def _backward(ctx: TrainingContext, mem: StageMemory) -> PhaseMemory:
     in_backward = ctx.in_backward_step
     accumulated = mem.grads if ctx.workload.grad_accum > 1 and not in_backward else 0
@@ -74,6 +92,11 @@ def _backward(ctx: TrainingContext, mem: StageMemory) -> PhaseMemory:
             outputs + mem.working + mem.casts_backward + shared,
         ),
         "end of backward: every gradient": (all_grads + mem.grad_buckets, mem.non_layer, mem.working + shared),
+        "end of backward: the tied embedding's two gradient contributions and their sum": (
+            all_grads + mem.grad_buckets,
+            mem.non_layer,
+            outputs + 2 * tied_embedding_grad_bytes(ctx) + shared,
+        ),
         "last layer of backward: the first layer's activations beside every other gradient": (
             all_grads - (0 if in_backward else mem.layer_grads) + mem.grad_buckets,
             mem.non_layer + (mem.recompute or mem.activations // max(mem.stage.layers, 1)),

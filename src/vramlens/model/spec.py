@@ -9,9 +9,10 @@ MoE, norms, positions, per-layer layout) are in ``model/components.py``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from vramlens.model.components import (
     AttentionSpec,
@@ -110,6 +111,8 @@ class ModelSpec:
     """Hugging Face repository id, when known."""
     source: str = ""
     """Where the spec came from: ``catalog:NAME``, a file path, or ``dict``."""
+    config: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
+    """The ``config.json`` the spec was parsed from (the simulator builds the real model from it)."""
     assumptions: tuple[str, ...] = ()
     """What the parser had to assume (defaults for absent keys, unknown model_type, ...)."""
 

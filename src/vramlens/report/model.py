@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vramlens.categories import Category
+
+if TYPE_CHECKING:
+    from vramlens.trace.timeline import Timeline
 
 __all__ = ["MemoryReport", "PhaseMemory", "ServingCapacity", "Term"]
 
@@ -122,6 +125,8 @@ class MemoryReport:
     assumptions: tuple[str, ...] = ()
     serving: ServingCapacity | None = None
     """Inference: the KV cache needed and, for vLLM, the pool it gets."""
+    timeline: Timeline | None = field(default=None, repr=False, compare=False)
+    """Every tensor event of the run (simulated or measured reports; None for estimates)."""
 
     def __post_init__(self) -> None:
         names = [phase.name for phase in self.phases]
@@ -189,6 +194,7 @@ class MemoryReport:
             "terms": [term.to_dict() for term in self.terms],
             "assumptions": list(self.assumptions),
             "serving": None if self.serving is None else self.serving.to_dict(),
+            "timeline": None if self.timeline is None else _timeline_summary(self.timeline),
             "workload": self.workload_dict,
         }
 
@@ -200,3 +206,13 @@ class MemoryReport:
         from vramlens.workload.load import workload_to_dict
 
         return workload_to_dict(self.workload)
+
+
+def _timeline_summary(timeline: Timeline) -> dict[str, Any]:
+    """What a JSON report says about its timeline (the events themselves are saved with ``--timeline``)."""
+    return {
+        "events": len(timeline),
+        "level": timeline.level,
+        "peak_bytes": timeline.peak_bytes,
+        "phase_peaks": timeline.phase_peaks(),
+    }

@@ -7,9 +7,11 @@ an ``elif``. :func:`parse_config` dispatches on ``model_type``.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib
 from collections.abc import Callable
+from types import MappingProxyType
 from typing import Any
 
 from vramlens.errors import ConfigError
@@ -91,6 +93,8 @@ def parse_config(
     model_type, parser = _pick_parser(view)
     spec = parser(view)
     updates: dict[str, Any] = {"name": name or hf_id or spec.name, "hf_id": hf_id}
+    if isinstance(data, dict):
+        updates["config"] = MappingProxyType(copy.deepcopy(data))
     if parser is _PARSERS[_FALLBACK] and model_type != spec.model_type:
         # An unsupported type read as Llama keeps its own name; aliases of a supported
         # family (Falcon's legacy RefinedWeb types) take the family's name.

@@ -1,0 +1,104 @@
+"""``vramlens simulate MODEL [flags]`` and ``vramlens compare MODEL [flags]``.
+
+Both take the same workload flags and files as ``estimate``. ``simulate`` runs the real
+transformers model on fake tensors (needs the [torch] and [hf] extras); ``compare``
+prints the estimate and the simulation side by side, per memory level, phase and category.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from vramlens.cli.estimate import with_workload_options, workload_arguments
+
+__all__ = ["compare_command", "simulate_command"]
+
+
+def _allocator(conf: str | None, capacity: int | None) -> Any:
+    if conf is None:
+        return None
+    from vramlens.errors import InputError
+    from vramlens.simulate.allocator import AllocatorSettings
+
+    try:
+        return AllocatorSettings.from_conf(conf, capacity_bytes=capacity)
+    except ValueError as error:
+        raise InputError(f"--alloc-conf: {error}") from None
+
+
+def _simulate(base: dict[str, Any], overrides: dict[str, Any], steps: int, stacks: bool, conf: str | None) -> Any:
+    from vramlens.hardware import resolve_gpu
+    from vramlens.model.resolve import load_model
+    from vramlens.simulate import simulate_resolved
+    from vramlens.workload.load import load_workload
+
+    workload = load_workload(base, overrides)
+    gpu = resolve_gpu(workload.gpu) if workload.gpu is not None else None
+    allocator = _allocator(conf, gpu.memory_bytes if gpu else None)
+    spec = load_model(workload.model)
+    return simulate_resolved(spec, workload, gpu, steps=steps, capture_stacks=stacks, allocator=allocator)
+
+
+@click.command("simulate")
+@click.argument("model", required=False)
+@click.option("-c", "--config", "config", type=click.Path(dir_okay=False), help="Workload file (YAML or JSON).")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown"]), default="table", show_default=True)
+@click.option("--steps", type=click.IntRange(1, 100), default=2, show_default=True, help="Training steps to run.")
+@click.option("--stacks", is_flag=True, help="Record the Python stack of every allocation (slower).")
+@click.option("--alloc-conf", "alloc_conf", metavar="TEXT", help="PYTORCH_CUDA_ALLOC_CONF for the allocator replay.")
+@click.option("--timeline", "timeline_path", type=click.Path(dir_okay=False), help="Save every event to this .npz.")
+@with_workload_options
+def simulate_command(
+    model: str | None,
+    config: str | None,
+    fmt: str,
+    steps: int,
+    stacks: bool,
+    alloc_conf: str | None,
+    timeline_path: str | None,
+    **options: Any,
+) -> None:
+    """Run MODEL's real transformers code on fake tensors and report every allocation's memory."""
+    base, overrides = workload_arguments(model, config, options, command="simulate")
+    report = _simulate(base, overrides, steps, stacks, alloc_conf)
+    if timeline_path is not None and report.timeline is not None:
+        from vramlens.trace.timeline_io import save_timeline
+
+        written = save_timeline(report.timeline, timeline_path)
+        click.echo(f"timeline: {len(report.timeline)} events written to {written}", err=True)
+    if fmt == "json":
+        click.echo(json.dumps(report.to_dict(), indent=2))
+    elif fmt == "markdown":
+        from vramlens.report.text import markdown_report
+
+        click.echo(markdown_report(report), nl=False)
+    else:
+        from vramlens.report.text import print_report
+
+        print_report(report)
+
+
+@click.command("compare")
+@click.argument("model", required=False)
+@click.option("-c", "--config", "config", type=click.Path(dir_okay=False), help="Workload file (YAML or JSON).")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--steps", type=click.IntRange(1, 100), default=2, show_default=True, help="Training steps to simulate.")
+@with_workload_options
+def compare_command(model: str | None, config: str | None, fmt: str, steps: int, **options: Any) -> None:
+    """Estimate and simulate MODEL's workload and print them side by side per level, phase and category."""
+    from vramlens.estimate import estimate
+    from vramlens.report.compare import compare_reports, comparison_dict, comparison_table
+
+    base, overrides = workload_arguments(model, config, options, command="compare")
+    estimated = estimate(base, **overrides)
+    simulated = _simulate(base, overrides, steps, False, None)
+    comparison = compare_reports([estimated, simulated])
+    if fmt == "json":
+        click.echo(json.dumps(comparison_dict(comparison), indent=2))
+        return
+    from rich.console import Console
+
+    Console().print(comparison_table(comparison))

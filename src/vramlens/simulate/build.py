@@ -1,0 +1,179 @@
+"""Build the real transformers model of a spec on fake CPU tensors (no weights, no memory).
+
+Route (measured in ``docs/research/torch-cpu-probes.md``, sections 1, 2 and 6): the model is
+built on the ``meta`` device from the spec's ``config.json`` with the workload's dtype, PEFT
+adapters are added while still on meta (PEFT cannot swap fake parameters), and the result is
+materialized with ``to_empty(device="cpu")`` inside a ``FakeTensorMode``. Fake CUDA does
+not work on a CPU-only torch (backward needs a device guard), so the simulation runs fake
+*CPU* tensors: CPU SDPA takes the flash path (output + logsumexp, no s x s matrix), the
+same memory shape as CUDA flash attention.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator
+from typing import Any
+from unittest import mock
+
+from vramlens._extras import require
+from vramlens.errors import InputError
+from vramlens.model.spec import ModelSpec
+from vramlens.workload.options import AttentionImpl, Precision
+from vramlens.workload.spec import ALL_LINEAR, Workload
+
+__all__ = [
+    "KERNEL_STAND_IN",
+    "SimulationError",
+    "attention_implementation",
+    "attention_note",
+    "build_model",
+    "hf_config",
+    "real_code_paths",
+    "torch_dtype",
+]
+
+#: Attention kernels as transformers names them; flash and memory-efficient map to SDPA,
+#: whose CPU flash kernel has CUDA flash attention's memory shape.
+_ATTENTION = {
+    AttentionImpl.AUTO: "sdpa",
+    AttentionImpl.FLASH: "sdpa",
+    AttentionImpl.EFFICIENT: "sdpa",
+    AttentionImpl.SDPA: "sdpa",
+    AttentionImpl.EAGER: "eager",
+}
+
+
+class SimulationError(InputError):
+    """The simulator cannot run this model or workload; the message suggests ``estimate``."""
+
+
+@contextlib.contextmanager
+def real_code_paths() -> Iterator[None]:
+    """Make transformers take, on fake tensors, the branch it takes on real ones.
+
+    transformers treats fake tensors as tracing and then skips value checks. One of them
+    changes memory: ``masking_utils.find_packed_sequence_indices`` looks for packed
+    sequences in ``position_ids``; on real unpacked inputs it returns None (SDPA's
+    ``is_causal``, no mask), on fake ones it returns a mask and a 4-D attention mask gets
+    built. Simulated inputs are one sequence per row, so the real answer is None. (Found by
+    comparing a fake run with a real one; +2 MiB on a 4 x 128 batch.)
+    """
+    masking_utils = require("transformers.masking_utils", purpose="vramlens simulate")
+    with mock.patch.object(masking_utils, "find_packed_sequence_indices", lambda position_ids: None):
+        yield
+
+
+def hf_config(spec: ModelSpec, attention: AttentionImpl) -> Any:
+    """The transformers config object of ``spec`` (from the ``config.json`` it was parsed from)."""
+    transformers = require("transformers", purpose="vramlens simulate")
+    if spec.config is None:
+        raise SimulationError(
+            f"model: {spec.name} has no config.json to build from (a spec made by hand); "
+            "pass a catalog name, a config path or a config dict, or use `vramlens estimate`"
+        )
+    config = {key: value for key, value in dict(spec.config).items() if key not in ("auto_map", "quantization_config")}
+    model_type = str(config.pop("model_type", spec.model_type))
+    try:
+        built = transformers.AutoConfig.for_model(model_type, **config)
+    except (ValueError, KeyError) as error:
+        raise SimulationError(
+            f"model_type: transformers {transformers.__version__} cannot build {model_type!r} ({error}); "
+            "use `vramlens estimate`"
+        ) from None
+    built._attn_implementation = attention_implementation(attention)
+    built.use_cache = False
+    return built
+
+
+def attention_implementation(attention: AttentionImpl) -> str:
+    """transformers' ``attn_implementation`` for a workload's attention kernel."""
+    return _ATTENTION[attention]
+
+
+def torch_dtype(precision: Precision, element_bytes: float) -> Any:
+    """The torch dtype of weights stored at ``element_bytes`` under ``precision``."""
+    torch = require("torch", purpose="vramlens simulate")
+    if element_bytes == 4:
+        return torch.float32
+    half = precision in (Precision.FP16, Precision.MIXED_FP16)
+    return torch.float16 if half else torch.bfloat16
+
+
+#: Name under which the simulator registers transformers' SDPA attention for models whose
+#: class refuses SDPA (Gemma 2: soft-capping). On GPUs those models run flash-attention 2,
+#: which soft-caps inside the kernel and keeps the same tensors as SDPA's flash path.
+KERNEL_STAND_IN = "vramlens_kernel"
+
+
+def _register_stand_in() -> None:
+    transformers = require("transformers", purpose="vramlens simulate")
+    masking_utils = require("transformers.masking_utils", purpose="vramlens simulate")
+    sdpa = require("transformers.integrations.sdpa_attention", purpose="vramlens simulate")
+
+    def stand_in(*args: Any, softcap: Any = None, **kwargs: Any) -> Any:
+        return sdpa.sdpa_attention_forward(*args, **kwargs)
+
+    transformers.AttentionInterface.register(KERNEL_STAND_IN, stand_in)
+    masking_utils.AttentionMaskInterface.register(KERNEL_STAND_IN, masking_utils.sdpa_mask)
+
+
+def attention_note(model: Any) -> str | None:
+    """The assumption to report when the model runs the SDPA stand-in for its GPU kernel."""
+    if getattr(model.config, "_attn_implementation", None) != KERNEL_STAND_IN:
+        return None
+    return (
+        f"attention: {type(model).__name__} refuses SDPA in transformers; simulated with SDPA's flash path "
+        "standing in for flash-attention 2 (same saved tensors; soft-capping does not change memory)"
+    )
+
+
+def _from_config(spec: ModelSpec, config: Any, dtype: Any) -> Any:
+    torch = require("torch", purpose="vramlens simulate")
+    transformers = require("transformers", purpose="vramlens simulate")
+    try:
+        with warnings.catch_warnings(), torch.device("meta"):
+            warnings.simplefilter("ignore")
+            return transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    except (ValueError, KeyError, AttributeError, TypeError, RuntimeError) as error:
+        if "scaled_dot_product_attention" in str(error) and config._attn_implementation == "sdpa":
+            _register_stand_in()
+            config._attn_implementation = KERNEL_STAND_IN
+            return _from_config(spec, config, dtype)
+        raise SimulationError(
+            f"model: transformers cannot build {spec.name} from its config ({type(error).__name__}: {error}); "
+            "use `vramlens estimate`"
+        ) from None
+
+
+def build_model(spec: ModelSpec, workload: Workload, *, dtype: Any, attention: AttentionImpl, fake_mode: Any) -> Any:
+    """The model on fake CPU tensors, with LoRA adapters when the workload asks for them."""
+    model = _from_config(spec, hf_config(spec, attention), dtype)
+    if workload.method.value in ("lora", "qlora"):
+        model = _with_lora(model, workload)
+    with fake_mode:
+        model.to_empty(device="cpu")
+        # to_empty gives every module its own new tensor, so tied weights come apart; re-tie.
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        base.tie_weights()
+    return model
+
+
+def _with_lora(model: Any, workload: Workload) -> Any:
+    peft = require("peft", purpose="vramlens simulate (LoRA)")
+    lora = workload.lora
+    targets: Any = "all-linear" if lora.targets == ALL_LINEAR else list(lora.targets)
+    config = peft.LoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=targets,
+        modules_to_save=list(lora.modules_to_save) or None,
+    )
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return peft.get_peft_model(model, config)
+    except ValueError as error:
+        raise SimulationError(f"lora.targets: PEFT cannot apply them to this model ({error})") from None
