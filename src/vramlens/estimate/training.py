@@ -92,17 +92,19 @@ def _backward(ctx: TrainingContext, mem: StageMemory) -> PhaseMemory:
             outputs + mem.working + mem.casts_backward + shared,
         ),
         "end of backward: every gradient": (all_grads + mem.grad_buckets, mem.non_layer, mem.working + shared),
-        "end of backward: the tied embedding's two gradient contributions and their sum": (
-            all_grads + mem.grad_buckets,
-            mem.non_layer,
-            outputs + 2 * tied_embedding_grad_bytes(ctx) + shared,
-        ),
         "last layer of backward: the first layer's activations beside every other gradient": (
             all_grads - (0 if in_backward else mem.layer_grads) + mem.grad_buckets,
             mem.non_layer + (mem.recompute or mem.activations // max(mem.stage.layers, 1)),
             mem.working + mem.casts_backward + shared,
         ),
     }
+    tied = tied_embedding_grad_bytes(ctx)
+    if tied:
+        candidates["end of backward: the tied embedding's two gradient contributions and their sum"] = (
+            all_grads + mem.grad_buckets,
+            mem.non_layer,
+            outputs + 2 * tied + shared,
+        )
     note, (grads, acts, temp) = max(candidates.items(), key=lambda item: sum(item[1]))
     parts = _base(mem) | {_C.GRADIENTS: grads, _C.ACTIVATIONS: acts, _C.INPUTS: mem.inputs, _C.TEMPORARY: temp}
     return _phase("backward", note, parts)
