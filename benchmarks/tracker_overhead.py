@@ -4,7 +4,7 @@ Run: ``python benchmarks/tracker_overhead.py [--steps 5] [--threads N]``. Prints
 not a pass/fail test. Target: tracking adds at most 10% to a step of a ~20M-parameter model.
 
 The model is a transformers Llama (hidden 256, 8 layers, MLP 384, 8 heads, vocab 32000,
-untied: 20.8M parameters, the model of ``docs/research/torch-cpu-probes.md`` section 3),
+untied: 20.8M parameters, the size measured in ``docs/research/torch-cpu-probes.md`` section 3),
 trained with AdamW on batch 4 x 256 tokens in fp32. One untracked and one tracked warm-up
 step come first; then untracked and tracked steps alternate (so drift in the machine's speed
 hits both alike) and the median of each is reported. A tracked step is the whole

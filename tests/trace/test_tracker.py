@@ -400,11 +400,6 @@ def test_track_registers_and_removes_its_hooks() -> None:
     assert tracker.current == current
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: __exit__ calls close(), which sets _active=False for good: a re-entered tracker records "
-    "allocations but never their frees (and finalizers of storages live at the first exit are detached)",
-)
 def test_a_re_entered_tracker_records_frees_again() -> None:
     tracker = MemoryTracker()
     with tracker:
