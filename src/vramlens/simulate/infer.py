@@ -18,7 +18,7 @@ from typing import Any
 from vramlens._extras import require
 from vramlens.categories import Category
 from vramlens.estimate.infer.context import InferenceContext
-from vramlens.simulate.build import SimulationError, attention_note, build_model
+from vramlens.simulate.build import SimulationError, attention_note, build_model, torch_dtype
 from vramlens.trace.timeline import Timeline
 from vramlens.workload.options import Engine
 
@@ -55,9 +55,7 @@ def simulate_inference(ctx: InferenceContext, *, fake_mode: Any, tracker: Any) -
     """Prefill and last decode step of ``ctx`` under ``tracker``."""
     torch = require("torch", purpose="vramlens simulate")
     check_inference(ctx)
-    dtype = torch.float32 if ctx.compute_bytes == 4 else torch.bfloat16
-    if ctx.workload.precision.value in ("fp16", "mixed-fp16"):
-        dtype = torch.float16
+    dtype = torch_dtype(ctx.workload.precision, ctx.compute_bytes)
     model = build_model(ctx.spec, ctx.workload, dtype=dtype, attention=ctx.attention, fake_mode=fake_mode)
     model.eval()
     model.config.use_cache = True

@@ -22,20 +22,18 @@ from vramlens.categories import Category
 from vramlens.estimate.runtime import CUBLAS_WORKSPACE_BYTES, runtime_memory
 from vramlens.hardware import GpuSpec
 from vramlens.report.model import MemoryReport, PhaseMemory
-from vramlens.simulate.allocator import AllocatorSettings, replay
+from vramlens.simulate.allocator import K_MIN_BLOCK_SIZE, AllocatorSettings, replay
 from vramlens.trace.timeline import Timeline
 from vramlens.units import format_bytes
 
 __all__ = ["allocated_timeline", "simulation_report"]
 
-#: The allocator's block granularity (c10/cuda/CUDACachingAllocator.cpp, kMinBlockSize).
-BLOCK_BYTES = 512
-
 
 def allocated_timeline(timeline: Timeline) -> Timeline:
-    """The timeline with every event rounded to whole 512-byte blocks (level ``allocated``)."""
+    """The timeline with every event rounded to whole 512-byte blocks (the allocator's
+    ``kMinBlockSize``; level ``allocated``)."""
     sizes = np.abs(timeline.nbytes)
-    rounded = np.sign(timeline.nbytes) * (-(-sizes // BLOCK_BYTES) * BLOCK_BYTES)
+    rounded = np.sign(timeline.nbytes) * (-(-sizes // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE)
     return dataclasses.replace(timeline, nbytes=rounded.astype(np.int64), level="allocated")
 
 

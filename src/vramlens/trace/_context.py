@@ -32,7 +32,7 @@ from torch.nn.modules import module as module_hooks
 from vramlens.categories import Category
 from vramlens.trace.timeline import CATEGORY_ORDER, TimelineBuilder
 
-__all__ = ["RunContext"]
+__all__ = ["RunContext", "optimizer_state_tensors"]
 
 _ACTIVATIONS = CATEGORY_ORDER.index(Category.ACTIVATIONS)
 _TEMPORARY = CATEGORY_ORDER.index(Category.TEMPORARY)
@@ -42,6 +42,12 @@ _SKIPPED_PATHS = ("/torch/", "/vramlens/trace/", "/contextlib.py", "/weakref.py"
 _MAX_FRAMES = 24
 
 Recategorize = Callable[[list[Any], Category], None]
+
+
+def optimizer_state_tensors(optimizer: Any) -> list[Any]:
+    """Every tensor an optimizer keeps in its state (moments, step counters)."""
+    state = optimizer.state.values()
+    return [value for entry in state for value in entry.values() if isinstance(value, torch.Tensor)]
 
 
 class RunContext:
@@ -182,8 +188,7 @@ class RunContext:
     def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._in_optimizer = False
         self._sticky = self._phases["optimizer_step"]
-        state = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
-        self._recategorize(state, Category.OPTIMIZER_STATE)
+        self._recategorize(optimizer_state_tensors(optimizer), Category.OPTIMIZER_STATE)
 
     def _gradient_ready(self, parameter: Any) -> None:
         if parameter.grad is not None:

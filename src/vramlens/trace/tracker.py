@@ -36,7 +36,7 @@ from typing import Any
 
 from vramlens._extras import require
 from vramlens.categories import Category
-from vramlens.trace._context import RunContext
+from vramlens.trace._context import RunContext, optimizer_state_tensors
 from vramlens.trace.timeline import CATEGORY_ORDER, Timeline, TimelineBuilder
 
 __all__ = ["Mark", "MemoryTracker", "StorageTracker", "track"]
@@ -135,7 +135,7 @@ class MemoryTracker(TorchDispatchMode):
 
     def register_optimizer(self, optimizer: Any) -> None:
         """Register an optimizer's existing state (moments, step counters)."""
-        self.register(_state_tensors(optimizer), Category.OPTIMIZER_STATE)
+        self.register(optimizer_state_tensors(optimizer), Category.OPTIMIZER_STATE)
 
     def set_category(self, tensors: Any, category: Category | str) -> None:
         """Re-label live storages (e.g. a KV cache) for their whole lifetime."""
@@ -255,13 +255,6 @@ StorageTracker = MemoryTracker
 
 def _default_category(tensor: Any) -> Category:
     return Category.PARAMETERS if isinstance(tensor, torch.nn.Parameter) else Category.INPUTS
-
-
-def _state_tensors(optimizer: Any) -> list[Any]:
-    found: list[Any] = []
-    for state in optimizer.state.values():
-        found.extend(value for value in state.values() if isinstance(value, torch.Tensor))
-    return found
 
 
 @contextmanager
