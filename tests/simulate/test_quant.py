@@ -193,13 +193,6 @@ def test_other_quantization_is_refused_in_one_line(fields: dict, key: str) -> No
 #: Recipes: PEFT's QLoRA guide (``prepare_model_for_kbit_training``: the simulator's and the hf
 #: profile's default), and without that step (TRL >= 0.27, sharded QLoRA).
 _RECIPES = {"kbit-prepared": True, "no-kbit-prep": False}
-_MOE_PREPARED = pytest.mark.xfail(
-    strict=True,
-    raises=SimulationError,
-    reason="OPEN (transformers, not the estimator): k-bit preparation casts the fused 3-D MoE experts to fp32 "
-    "and transformers' grouped_mm experts refuse fp32 inputs, so the run fails on fake tensors (likely on a "
-    "GPU too); the estimator counts the experts in fp32",
-)
 _AGREEMENT = [
     ("llama-3.2-1b", "full", "kbit-prepared", {}, None),
     ("llama-3.2-1b", "none", "kbit-prepared", {}, None),
@@ -217,7 +210,7 @@ _AGREEMENT = [
     ("llama-3.1-70b", "full", "no-kbit-prep", {}, None),
     # MoE experts (fused 3-D parameters) stay unquantized: bf16 without preparation, fp32 with it.
     ("qwen1.5-moe-a2.7b", "none", "no-kbit-prep", {}, None),
-    ("qwen1.5-moe-a2.7b", "none", "kbit-prepared", {}, _MOE_PREPARED),
+    ("qwen1.5-moe-a2.7b", "none", "kbit-prepared", {}, None),
     ("llama-3.2-1b", "none", "kbit-prepared", {"lora": {"dropout": 0.05}}, None),
     # A plain MLP (the down adapter keeps a bf16 cast of the fp32 activation) and Conv1D linears.
     ("gpt2", "none", "kbit-prepared", {"seq": 1024}, None),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from vramlens.estimate.saved_parts import FP32, GATHERED, SEQUENCE, LayerRecipe, Part, gated_saved
 
-__all__ = ["moe_parts"]
+__all__ = ["expert_bytes", "moe_parts"]
 
 
 def moe_parts(recipe: LayerRecipe, input_bytes: int) -> list[Part]:
@@ -15,14 +15,20 @@ def moe_parts(recipe: LayerRecipe, input_bytes: int) -> list[Part]:
     not re-normalize keep 16 bytes per token less, which is left as a small over-count.
     With a capacity factor ``c`` the expert buffers are padded to ``c x tokens x k / experts``
     rows each, so every per-expert tensor is ``c`` times the routed copies.
+
+    The experts compute in their weights' dtype (:func:`expert_bytes`). Frozen experts (LoRA,
+    QLoRA: 3-D parameters are not adapter targets) keep no input for their down projection:
+    ``grouped_mm``'s backward saves an operand only for the other operand's gradient.
     """
     spec = recipe.spec
     moe = spec.moe
     assert moe is not None
-    a, h, k, e = recipe.compute_bytes, spec.hidden_size, moe.experts_per_token, moe.num_experts
+    a, x = recipe.compute_bytes, expert_bytes(recipe)
+    h, k, e = spec.hidden_size, moe.experts_per_token, moe.num_experts
     i = moe.expert_intermediate_size
     c = recipe.moe_capacity
     trained = recipe.train.norms  # experts train only in full fine-tuning (3-D parameters are not LoRA targets)
+    down_input = 1 if trained else 0
     parts = [
         Part(
             name="router probabilities and routing indices",
@@ -31,12 +37,12 @@ def moe_parts(recipe: LayerRecipe, input_bytes: int) -> list[Part]:
         ),
         Part(
             name="experts gate/up outputs and activation",
-            bytes_per_token=(gated_saved(moe.activation) + 1) * a * i * k * c,
+            bytes_per_token=(gated_saved(moe.activation) + down_input) * x * i * k * c,
         ),
-        Part(name="experts output (weighted by the router)", bytes_per_token=a * h * k * c, split=SEQUENCE),
+        Part(name="experts output (weighted by the router)", bytes_per_token=x * h * k * c, split=SEQUENCE),
     ]
     if trained:
-        parts.append(Part(name="experts gathered inputs", bytes_per_token=a * h * k * c, split=SEQUENCE))
+        parts.append(Part(name="experts gathered inputs", bytes_per_token=x * h * k * c, split=SEQUENCE))
     shared_inputs = moe.shared_intermediate_size and any(
         s.group == "mlp_in" and s.name in recipe.train.needs_input for s in recipe.linears
     )
@@ -45,12 +51,46 @@ def moe_parts(recipe: LayerRecipe, input_bytes: int) -> list[Part]:
             parts.append(Part(name="router input (fp32 copy)", bytes_per_token=FP32 * h, split=GATHERED))
         if shared_inputs:
             parts.append(Part(name="shared expert input", bytes_per_token=a * h, split=GATHERED))
+    elif recipe.autocast and input_bytes != a:
+        # Under autocast each linear reading the fp32 block input keeps its own bf16 cast.
+        readers = _input_readers(recipe, trained=trained)
+        parts += [Part(name=f"{name} input (autocast cast)", bytes_per_token=a * h, split=GATHERED) for name in readers]
     elif trained or shared_inputs:
         # One tensor read by the router and the shared expert's projections.
         parts.append(Part(name="MoE block input (router, shared expert)", bytes_per_token=a * h, split=GATHERED))
     if moe.shared_intermediate_size:
         parts += _shared_expert_parts(recipe)
     return parts
+
+
+def _input_readers(recipe: LayerRecipe, *, trained: bool) -> list[str]:
+    """The linears of an MoE block that keep its input: the router and the shared expert's
+    sigmoid gate when trained, and the shared expert's input projections that keep theirs."""
+    moe = recipe.spec.moe
+    assert moe is not None
+    readers = ["router"] if trained else []
+    if moe.shared_expert_gate and trained:
+        readers.append("shared expert gate")
+    prefix = "shared_expert." if moe.shared_expert_gate else "shared_experts."
+    readers += [
+        s.name
+        for s in recipe.linears
+        if s.group == "mlp_in" and s.name.startswith(prefix) and s.name in recipe.train.needs_input
+    ]
+    return readers
+
+
+def expert_bytes(recipe: LayerRecipe) -> int:
+    """Bytes per element of what the routed experts compute: their weights' dtype.
+
+    transformers 5's experts multiply with ``grouped_mm`` after ``input.to(weight.dtype)``
+    (``transformers/integrations/moe.py``, ``_grouped_mm``), and ``grouped_mm`` is not on
+    autocast's cast lists, so fp32 experts under autocast (mixed-precision full training,
+    QLoRA's k-bit preparation) compute in fp32, not in the autocast dtype. Checked with
+    saved-tensor hooks under autocast (``tests/estimate/test_activations_hf.py``) and by the
+    QLoRA simulation of an MoE model.
+    """
+    return FP32 if recipe.autocast else recipe.compute_bytes
 
 
 def _shared_expert_parts(recipe: LayerRecipe) -> list[Part]:

@@ -72,7 +72,7 @@ def real_code_paths() -> Iterator[None]:
 
 @contextlib.contextmanager
 def cuda_code_paths() -> Iterator[None]:
-    """Run dropout as CUDA does, not as the CPU does.
+    """Run dropout (and grouped matmuls) as CUDA does, not as the CPU does.
 
     * ``F.dropout`` in training with 0 < p < 1: on CUDA ``at::dropout`` takes the fused
       ``native_dropout`` and keeps a 1-byte bool mask for backward; on CPU it multiplies by
@@ -84,7 +84,12 @@ def cuda_code_paths() -> Iterator[None]:
       ``dropout_p=0`` (same saved tensors as the CUDA kernels).
     (Found by the GPT-2 agreement cases, dropout 0.1: the fake run was 36-54% above a
     CUDA-shaped estimate.)
+    * ``grouped_mm`` in fp32/fp16 (MoE experts after QLoRA's k-bit preparation): CUDA runs a
+      per-group fallback whose meta function fake tensors lack
+      (:mod:`vramlens.simulate._grouped_mm`).
     """
+    from vramlens.simulate._grouped_mm import any_dtype_grouped_mm
+
     torch = require("torch", purpose="vramlens simulate")
     functional = torch.nn.functional
     dropout, attention = functional.dropout, functional.scaled_dot_product_attention
@@ -100,6 +105,7 @@ def cuda_code_paths() -> Iterator[None]:
     with (
         mock.patch.object(functional, "dropout", cuda_dropout),
         mock.patch.object(functional, "scaled_dot_product_attention", flash_attention),
+        any_dtype_grouped_mm(),
     ):
         yield
 
