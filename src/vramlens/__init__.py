@@ -46,7 +46,9 @@ from vramlens.model import (
 )
 from vramlens.report.model import MemoryReport, PhaseMemory, ServingCapacity, Term
 from vramlens.simulate import SimulationError, simulate, simulate_module
+from vramlens.snapshot import Snapshot, load_snapshot
 from vramlens.trace import Timeline, load_timeline, save_timeline, track
+from vramlens.trace.profile import profile_step
 from vramlens.units import GB, GiB, format_bytes, format_count, parse_count, parse_size
 from vramlens.workload import LoraConfig, Parallelism, Workload, load_workload, workload_to_dict
 
@@ -85,6 +87,7 @@ __all__ = [
     "QuantizationSpec",
     "ServingCapacity",
     "SimulationError",
+    "Snapshot",
     "Term",
     "Timeline",
     "VramlensError",
@@ -99,6 +102,7 @@ __all__ = [
     "format_count",
     "gpu_table",
     "load_model",
+    "load_snapshot",
     "load_timeline",
     "load_workload",
     "max_batch",
@@ -106,6 +110,7 @@ __all__ = [
     "model_from_config",
     "parse_count",
     "parse_size",
+    "profile_step",
     "read_checkpoint",
     "resolve_gpu",
     "save_timeline",

@@ -17,6 +17,7 @@ from vramlens.cli.activations import activations_command
 from vramlens.cli.estimate import estimate_command
 from vramlens.cli.models import models
 from vramlens.cli.simulate import compare_command, simulate_command
+from vramlens.cli.view import diff_command, view_command
 from vramlens.errors import VramlensError
 
 __all__ = ["cli", "main"]
@@ -33,6 +34,8 @@ cli.add_command(estimate_command)
 cli.add_command(models)
 cli.add_command(simulate_command)
 cli.add_command(compare_command)
+cli.add_command(view_command)
+cli.add_command(diff_command)
 
 
 def main(argv: list[str] | None = None) -> int:

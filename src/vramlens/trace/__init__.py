@@ -18,7 +18,13 @@ __all__ = ["CATEGORY_ORDER", "Timeline", "TimelineBuilder", "load_timeline", "sa
 
 @contextmanager
 def track(
-    model: Any = None, optimizer: Any = None, inputs: Any = None, *, capture_stacks: bool = False
+    model: Any = None,
+    optimizer: Any = None,
+    inputs: Any = None,
+    *,
+    device: Any = None,
+    capture_stacks: bool = False,
+    allocator_events: bool = False,
 ) -> Iterator[MemoryTracker]:
     """Track the tensor memory of real PyTorch code (needs the [torch] extra)::
 
@@ -27,8 +33,16 @@ def track(
         t.timeline().peak_bytes
 
     ``model``, ``optimizer`` and ``inputs`` are registered before tracking starts.
+    ``device``: None (the model's device, else the inputs', else cpu), ``"cpu"``, or
+    ``"cuda"``/``"cuda:N"``: the same tracker plus the CUDA caching allocator's memory
+    history, merged in (``t.snapshot``/``t.save_snapshot(path)`` keep the raw snapshot;
+    untested on a real GPU). Other devices raise :class:`~vramlens.errors.InputError`.
+    ``allocator_events=True`` (CPU) merges the CPU allocator's own calls, so the peak is
+    the allocator's to the byte. ``capture_stacks=True`` records each allocation's stack.
     """
     from vramlens.trace.tracker import track as _track
 
-    with _track(model, optimizer, inputs, capture_stacks=capture_stacks) as tracker:
+    with _track(
+        model, optimizer, inputs, device=device, capture_stacks=capture_stacks, allocator_events=allocator_events
+    ) as tracker:
         yield tracker

@@ -179,6 +179,18 @@ class MemoryTracker(TorchDispatchMode):
     # -- results -----------------------------------------------------------------------
     def timeline(self, metadata: dict[str, Any] | None = None) -> Timeline:
         """The events recorded so far, with each storage's final category."""
+        timeline = self._tracked_timeline(metadata)
+        if self._recorder is not None and self._recorder.events:
+            return merge_allocator_events(timeline, self._pointers, self._start_ns, self._recorder.events)
+        return timeline
+
+    def elapsed(self) -> int:
+        """Now, on the timeline's clock: ns since the tracker was made (``clock="ns"``) or the
+        number of events so far (``clock="event"``)."""
+        return len(self._events) if self._events.time_unit == "event" else self._clock() - self._start_ns
+
+    def _tracked_timeline(self, metadata: dict[str, Any] | None) -> Timeline:
+        """The dispatch mode's own events (no allocator events merged), each storage with its final category."""
         import dataclasses
 
         import numpy as np
@@ -187,8 +199,6 @@ class MemoryTracker(TorchDispatchMode):
         if len(timeline):
             table = np.array(self._serial_category, dtype=np.int8)
             timeline = dataclasses.replace(timeline, category=table[timeline.storage])
-        if self._recorder is not None and self._recorder.events:
-            return merge_allocator_events(timeline, self._pointers, self._start_ns, self._recorder.events)
         return timeline
 
     # -- dispatch mode -----------------------------------------------------------------
@@ -343,6 +353,7 @@ def track(
     optimizer: Any = None,
     inputs: Any = None,
     *,
+    device: Any = None,
     capture_stacks: bool = False,
     allocator_events: bool = False,
 ) -> Iterator[MemoryTracker]:
@@ -351,9 +362,13 @@ def track(
     ``model``, ``optimizer`` and ``inputs`` (any of them optional) are registered before
     tracking starts. After the block, ``t.timeline()`` has every event, ``t.peak`` the
     highest live tensor bytes. ``allocator_events=True`` adds the CPU allocator's own calls,
-    so the peak is the allocator's to the byte (see :class:`MemoryTracker`).
+    so the peak is the allocator's to the byte (see :class:`MemoryTracker`). ``device``
+    (None: the model's, else the inputs', else cpu) picks the tracker: ``"cuda"``/``"cuda:N"``
+    adds the CUDA caching allocator's memory history (:mod:`vramlens.trace._cuda`).
     """
-    tracker = MemoryTracker(capture_stacks=capture_stacks, allocator_events=allocator_events)
+    from vramlens.trace._cuda import tracker_for
+
+    tracker = tracker_for(device, model, inputs, capture_stacks=capture_stacks, allocator_events=allocator_events)
     if model is not None:
         tracker.register_model(model)
     if optimizer is not None:
