@@ -1,0 +1,184 @@
+"""What every picture of a report draws: live bytes stacked by category over time (numpy only).
+
+One :class:`StackedSeries` feeds the terminal timeline, the static plots and the HTML report,
+so the four renderings of a :class:`~vramlens.report.model.MemoryReport` agree.
+
+* A report with a :class:`~vramlens.trace.timeline.Timeline` (simulated, measured, snapshot)
+  is drawn over its events. Long timelines are reduced to at most ``max_points`` points by
+  level of detail: the events are cut into equal buckets and each bucket keeps the event
+  with its highest and the one with its lowest live total, in time order. Every local high
+  point that is the highest of its bucket survives, so the global peak is always drawn at
+  its exact value and position (the min/max-per-pixel rule of time-series plotters).
+* An estimate (no timeline) is drawn over its phases: one point per phase, at the phase's
+  high point, with the phase's breakdown.
+
+Bytes are the report's ``allocated`` level for estimates and the timeline's own level for
+the others (:attr:`StackedSeries.level` says which). ``base_bytes`` of a timeline (memory
+not itemised) is drawn as ``other``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from vramlens.categories import Category
+from vramlens.report.model import MemoryReport
+from vramlens.trace.timeline import CATEGORY_ORDER, Timeline
+
+__all__ = ["StackedSeries", "report_series", "timeline_series"]
+
+#: Default number of points a picture needs (a wide screen's pixels, twice: min and max).
+DEFAULT_POINTS = 4000
+_OTHER = CATEGORY_ORDER.index(Category.OTHER)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StackedSeries:
+    """Live bytes by category at a sequence of points, ready to draw."""
+
+    x: npt.NDArray[np.float64]
+    """Position of each point: milliseconds since the start (``x_unit="ms"``), the event index
+    (``"event"``) or the phase index (``"phase"``)."""
+    x_unit: str
+    categories: tuple[Category, ...]
+    """Categories with any bytes, in :data:`CATEGORY_ORDER` (the stacking order, bottom first)."""
+    values: npt.NDArray[np.int64]
+    """Bytes, shape ``(len(categories), len(x))``."""
+    total: npt.NDArray[np.int64]
+    """Live bytes at each point (the sum of ``values`` over categories)."""
+    phases: tuple[tuple[str, float, float], ...]
+    """Named stretches as ``(phase, x of the first point, x of the last point)``, in order."""
+    peak_index: int
+    """Index (into ``x``) of the highest total; -1 when there are no points."""
+    peak_bytes: int
+    capacity_bytes: int | None
+    """The GPU's usable memory, when the report names a GPU (drawn as a line)."""
+    level: str
+    """What the bytes are: ``tensor``, ``allocated`` (a timeline's level, or an estimate's)."""
+    events: int
+    """Events the series was reduced from (phases for an estimate)."""
+    source_index: npt.NDArray[np.int64]
+    """For each point, the timeline event (or phase) it shows."""
+
+    @property
+    def peak_x(self) -> float:
+        """Position of the peak (nan when there are no points)."""
+        return float(self.x[self.peak_index]) if self.peak_index >= 0 else float("nan")
+
+
+def report_series(report: MemoryReport, *, max_points: int = DEFAULT_POINTS) -> StackedSeries:
+    """The series of a report: over its timeline when it has one, else over its phases."""
+    if report.timeline is not None and len(report.timeline):
+        return timeline_series(report.timeline, max_points=max_points, capacity_bytes=report.capacity_bytes)
+    return _phase_series(report)
+
+
+def timeline_series(
+    timeline: Timeline, *, max_points: int = DEFAULT_POINTS, capacity_bytes: int | None = None
+) -> StackedSeries:
+    """A timeline's live bytes by category, reduced to at most ``max_points`` points (min and
+    max of each bucket; see the module docstring). ``max_points`` must be >= 2."""
+    if max_points < 2:
+        raise ValueError(f"max_points: {max_points}; must be at least 2")
+    keep = lod_indices(timeline.live_bytes, max_points)
+    codes = [code for code in range(len(CATEGORY_ORDER)) if np.any(timeline.category == code)]
+    if timeline.base_bytes and _OTHER not in codes:
+        codes = sorted([*codes, _OTHER])
+    rows = [_category_at(timeline, code, keep) for code in codes]
+    values = np.array(rows, dtype=np.int64).reshape(len(codes), len(keep))
+    total = timeline.live_bytes[keep].astype(np.int64)
+    x, unit = _positions(timeline, keep)
+    peak = int(np.argmax(total)) if len(total) else -1
+    return StackedSeries(
+        x=x,
+        x_unit=unit,
+        categories=tuple(CATEGORY_ORDER[code] for code in codes),
+        values=values,
+        total=total,
+        phases=_timeline_phases(timeline, keep, x),
+        peak_index=peak,
+        peak_bytes=int(total[peak]) if peak >= 0 else 0,
+        capacity_bytes=capacity_bytes,
+        level=timeline.level,
+        events=len(timeline),
+        source_index=keep,
+    )
+
+
+def lod_indices(curve: npt.NDArray[np.int64], max_points: int) -> npt.NDArray[np.int64]:
+    """Indices of ``curve`` to draw: all of them when they fit, else per bucket (``max_points
+    // 2`` equal buckets) the index of the bucket's maximum and of its minimum, sorted and
+    unique. The global maximum is always among them."""
+    n = len(curve)
+    if n <= max_points:
+        return np.arange(n, dtype=np.int64)
+    buckets = max_points // 2
+    edges = np.linspace(0, n, buckets + 1).astype(np.int64)
+    width = int(np.max(np.diff(edges)))
+    # Pad every bucket to the widest one so argmax/argmin run on one 2-D view.
+    starts = edges[:-1]
+    offsets = np.arange(width, dtype=np.int64)
+    index = np.minimum(starts[:, None] + offsets[None, :], edges[1:, None] - 1)
+    block = curve[index]
+    highs = index[np.arange(buckets), np.argmax(block, axis=1)]
+    lows = index[np.arange(buckets), np.argmin(block, axis=1)]
+    return np.unique(np.concatenate([highs, lows]))
+
+
+def _category_at(timeline: Timeline, code: int, keep: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Live bytes of category ``code`` after each kept event (``base_bytes`` counts as other)."""
+    curve = np.cumsum(np.where(timeline.category == code, timeline.nbytes, 0), dtype=np.int64)[keep]
+    if code == _OTHER and timeline.base_bytes:
+        curve = curve + timeline.base_bytes
+    return curve
+
+
+def _positions(timeline: Timeline, keep: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.float64], str]:
+    """x of each kept event: milliseconds for a timeline stamped in ns, else the event index."""
+    if timeline.time_unit == "ns" and len(keep):
+        start = int(timeline.time[0])
+        return (timeline.time[keep] - start).astype(np.float64) / 1e6, "ms"
+    return keep.astype(np.float64), "event"
+
+
+def _timeline_phases(
+    timeline: Timeline, keep: npt.NDArray[np.int64], x: npt.NDArray[np.float64]
+) -> tuple[tuple[str, float, float], ...]:
+    """Phase stretches of the timeline mapped onto the kept points (stretches with no kept
+    point are dropped; unnamed stretches are left out)."""
+    spans = []
+    for name, first, last in timeline.phase_spans():
+        lo, hi = np.searchsorted(keep, first), np.searchsorted(keep, last, side="right") - 1
+        if name and lo <= hi:
+            spans.append((name, float(x[lo]), float(x[hi])))
+    return tuple(spans)
+
+
+def _phase_series(report: MemoryReport) -> StackedSeries:
+    """An estimate over its phases: one point per phase at its high point."""
+    phases = report.phases
+    present = {category for phase in phases for category, value in phase.breakdown.items() if value}
+    categories = tuple(category for category in CATEGORY_ORDER if category in present)
+    values = np.array(
+        [[int(phase.breakdown.get(category, 0)) for phase in phases] for category in categories], dtype=np.int64
+    ).reshape(len(categories), len(phases))
+    total = values.sum(axis=0).astype(np.int64) if len(categories) else np.zeros(len(phases), dtype=np.int64)
+    x = np.arange(len(phases), dtype=np.float64)
+    peak = next((i for i, phase in enumerate(phases) if phase.name == report.peak_phase), -1)
+    return StackedSeries(
+        x=x,
+        x_unit="phase",
+        categories=categories,
+        values=values,
+        total=total,
+        phases=tuple((phase.name, float(i), float(i)) for i, phase in enumerate(phases)),
+        peak_index=peak,
+        peak_bytes=int(total[peak]) if peak >= 0 else 0,
+        capacity_bytes=report.capacity_bytes,
+        level="allocated",
+        events=len(phases),
+        source_index=np.arange(len(phases), dtype=np.int64),
+    )
