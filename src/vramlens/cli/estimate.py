@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from vramlens.cli._pictures import check_pictures, picture_options, write_pictures
 from vramlens.errors import InputError
 
 __all__ = ["FLAGS", "estimate_command", "with_workload_options", "workload_arguments"]
@@ -126,13 +127,24 @@ with_workload_options = _with_workload_options
 @click.option(
     "--max-context", "max_context", is_flag=True, help="Inference: find the longest context that fits the GPU."
 )
+@picture_options
 @_with_workload_options
 def estimate_command(
-    model: str | None, config: str | None, fmt: str, explain: bool, max_batch: bool, max_context: bool, **options: Any
+    model: str | None,
+    config: str | None,
+    fmt: str,
+    explain: bool,
+    max_batch: bool,
+    max_context: bool,
+    ascii_only: bool,
+    plot_path: str | None,
+    html_path: str | None,
+    **options: Any,
 ) -> None:
     """Estimate per-GPU memory of training or serving MODEL (a catalog name, config path or cached HF id)."""
     from vramlens.estimate import estimate
 
+    check_pictures(plot_path=plot_path, html_path=html_path)
     base, overrides = workload_arguments(model, config, options, command="estimate")
     if max_batch and max_context:
         raise InputError("--max-batch and --max-context: ask one at a time (the other value is held fixed)")
@@ -148,10 +160,11 @@ def estimate_command(
         report = answer.report
     else:
         report = estimate(base, **overrides)
-    _show(report, fmt, explain, answer)
+    _show(report, fmt, explain, answer, ascii_only=ascii_only)
+    write_pictures(report, plot_path=plot_path, html_path=html_path)
 
 
-def _show(report: Any, fmt: str, explain: bool, answer: Any) -> None:
+def _show(report: Any, fmt: str, explain: bool, answer: Any, *, ascii_only: bool = False) -> None:
     headline = None
     if answer is not None:
         headline = f"largest {answer.key} that fits: {answer.value} (searched up to {answer.limit})"
@@ -170,4 +183,4 @@ def _show(report: Any, fmt: str, explain: bool, answer: Any) -> None:
     else:
         from vramlens.report.text import print_report
 
-        print_report(report, explain=explain)
+        print_report(report, explain=explain, ascii_only=ascii_only)

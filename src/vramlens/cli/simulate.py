@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from vramlens.cli._pictures import check_pictures, picture_options, write_pictures
 from vramlens.cli.estimate import with_workload_options, workload_arguments
 
 __all__ = ["compare_command", "simulate_command"]
@@ -71,6 +72,7 @@ _TIMEOUT = click.option(
 @click.option("--alloc-conf", "alloc_conf", metavar="TEXT", help="PYTORCH_CUDA_ALLOC_CONF for the allocator replay.")
 @click.option("--timeline", "timeline_path", type=click.Path(dir_okay=False), help="Save every event to this .npz.")
 @_TIMEOUT
+@picture_options
 @with_workload_options
 def simulate_command(
     model: str | None,
@@ -81,9 +83,13 @@ def simulate_command(
     alloc_conf: str | None,
     timeline_path: str | None,
     timeout: float | None,
+    ascii_only: bool,
+    plot_path: str | None,
+    html_path: str | None,
     **options: Any,
 ) -> None:
     """Run MODEL's real transformers code on fake tensors and report every allocation's memory."""
+    check_pictures(plot_path=plot_path, html_path=html_path)
     base, overrides = workload_arguments(model, config, options, command="simulate")
     report = _simulate(base, overrides, steps, stacks, alloc_conf, timeout)
     if timeline_path is not None and report.timeline is not None:
@@ -100,7 +106,8 @@ def simulate_command(
     else:
         from vramlens.report.text import print_report
 
-        print_report(report)
+        print_report(report, ascii_only=ascii_only)
+    write_pictures(report, plot_path=plot_path, html_path=html_path)
 
 
 @click.command("compare")
@@ -109,21 +116,39 @@ def simulate_command(
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--steps", type=click.IntRange(1, 100), default=2, show_default=True, help="Training steps to simulate.")
 @_TIMEOUT
+@click.option(
+    "--plot", "plot_path", type=click.Path(dir_okay=False), help="Also draw both peak breakdowns: .png or .svg."
+)
 @with_workload_options
 def compare_command(
-    model: str | None, config: str | None, fmt: str, steps: int, timeout: float | None, **options: Any
+    model: str | None,
+    config: str | None,
+    fmt: str,
+    steps: int,
+    timeout: float | None,
+    plot_path: str | None,
+    **options: Any,
 ) -> None:
     """Estimate and simulate MODEL's workload and print them side by side per level, phase and category."""
     from vramlens.estimate import estimate
     from vramlens.report.compare import compare_reports, comparison_dict, comparison_table
 
     base, overrides = workload_arguments(model, config, options, command="compare")
+    if plot_path is not None:
+        from vramlens.report.plot import plot_target
+
+        plot_target(plot_path)  # a bad --plot is refused before the simulation runs
     estimated = estimate(base, **overrides)
     simulated = _simulate(base, overrides, steps, False, None, timeout)
     comparison = compare_reports([estimated, simulated])
     if fmt == "json":
         click.echo(json.dumps(comparison_dict(comparison), indent=2))
-        return
-    from rich.console import Console
+    else:
+        from rich.console import Console
 
-    Console().print(comparison_table(comparison))
+        Console().print(comparison_table(comparison))
+    if plot_path is not None:
+        from vramlens.report.plot import save_comparison
+
+        written = save_comparison([estimated, simulated], plot_path)
+        click.echo(f"plot: written to {written}", err=True)

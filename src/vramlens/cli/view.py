@@ -12,6 +12,8 @@ from typing import Any
 
 import click
 
+from vramlens.cli._pictures import check_pictures, picture_options, write_pictures
+
 __all__ = ["diff_command", "view_command"]
 
 _FORMAT = click.option(
@@ -42,6 +44,7 @@ _NO_REPLAY = click.option(
 @click.option("--stack-lines", type=click.IntRange(1, 50), default=3, show_default=True, help="Stack frames shown.")
 @_DEVICE
 @_NO_REPLAY
+@picture_options
 def view_command(
     files: tuple[str, ...],
     fmt: str,
@@ -51,6 +54,9 @@ def view_command(
     stack_lines: int,
     device: int | None,
     no_replay: bool,
+    ascii_only: bool,
+    plot_path: str | None,
+    html_path: str | None,
 ) -> None:
     """Explain the memory of a recorded run: peak per level, categories, modules, phases, largest
     allocations, leaks and OOMs. FILES: vramlens .npz timelines, PyTorch memory snapshots, or
@@ -59,6 +65,7 @@ def view_command(
     from vramlens.report.view import build_view
     from vramlens.report.view_diff import build_ranks
 
+    check_pictures(plot_path=plot_path, html_path=html_path)
     sources = [open_source(path, device=device) for path in files]
     options: dict[str, Any] = {
         "top": top,
@@ -66,22 +73,22 @@ def view_command(
         "leak_steps": leak_steps,
         "replay_allocator": not no_replay,
     }
+    from vramlens.report.view_text import print_renderable, ranks_renderable, view_renderable
+
     if len(sources) == 1:
         view = build_view(sources[0], **options)
         if fmt == "json":
             click.echo(json.dumps(view.to_dict(), indent=2))
-            return
-        from vramlens.report.view_text import print_renderable, view_renderable
-
-        print_renderable(view_renderable(view, stack_lines=stack_lines))
-        return
-    ranks = build_ranks(sources, **options)
-    if fmt == "json":
-        click.echo(json.dumps(ranks.to_dict(), indent=2))
-        return
-    from vramlens.report.view_text import print_renderable, ranks_renderable
-
-    print_renderable(ranks_renderable(ranks, stack_lines=stack_lines))
+        else:
+            print_renderable(view_renderable(view, stack_lines=stack_lines, ascii_only=ascii_only))
+    else:
+        ranks = build_ranks(sources, **options)
+        if fmt == "json":
+            click.echo(json.dumps(ranks.to_dict(), indent=2))
+        else:
+            print_renderable(ranks_renderable(ranks, stack_lines=stack_lines, ascii_only=ascii_only))
+        view = ranks.detailed  # pictures show the rank with the highest peak
+    write_pictures(view.report, plot_path=plot_path, html_path=html_path, details=view.to_dict())
 
 
 @click.command("diff")

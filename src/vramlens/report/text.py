@@ -3,7 +3,9 @@
 The table shows the breakdown at the peak by category with proportional bars,
 the phases, the three memory levels (allocated / reserved / device), the fit on
 the chosen GPU with its headroom, and the assumptions; ``explain`` adds every
-term with its formula.
+term with its formula. Above the tables, the stacked timeline of
+:mod:`vramlens.report.timeline_text`; ``ascii_only`` (``--ascii``) draws it, the bars and the
+table rules in plain ASCII, as happens by itself on a console that cannot show Unicode blocks.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from rich.text import Text
 
 from vramlens.categories import Category
 from vramlens.report.model import MemoryReport
+from vramlens.report.timeline_text import ASCII_TABLE_BOX, Bar, bar, timeline_renderable
 from vramlens.units import format_bytes
 
 __all__ = ["markdown_report", "print_report", "report_renderable", "serving_lines"]
@@ -24,12 +27,12 @@ __all__ = ["markdown_report", "print_report", "report_renderable", "serving_line
 _BAR_WIDTH = 28
 
 
-def _bar(share: float, width: int = _BAR_WIDTH) -> str:
-    cells = round(share * width)
-    return "█" * cells if cells else "▏"
+def _bar(share: float, width: int = _BAR_WIDTH, *, ascii_only: bool = False) -> Bar:
+    """``█`` cells (``#`` in ASCII, and when the console cannot show ``█``)."""
+    return bar(share, width, ascii_only=ascii_only)
 
 
-def _breakdown_table(report: MemoryReport) -> Table:
+def _breakdown_table(report: MemoryReport, *, ascii_only: bool = False) -> Table:
     peak = report.peak
     table = Table(box=box.SIMPLE_HEAD, title=f"at the peak: {peak.name} ({peak.note})", title_justify="left")
     table.add_column("category")
@@ -41,7 +44,12 @@ def _breakdown_table(report: MemoryReport) -> Table:
     rows += [(Category.ALLOCATOR_SLACK.value, slack), (Category.RUNTIME.value, runtime)]
     total = report.device_bytes or 1
     for name, value in sorted(rows, key=lambda row: -row[1]):
-        table.add_row(name.replace("_", " "), format_bytes(value), f"{value / total:6.1%}", _bar(value / total))
+        table.add_row(
+            name.replace("_", " "),
+            format_bytes(value),
+            f"{value / total:6.1%}",
+            _bar(value / total, ascii_only=ascii_only),
+        )
     return table
 
 
@@ -62,7 +70,7 @@ def _levels_table(report: MemoryReport) -> Table:
     return table
 
 
-def _phases_table(report: MemoryReport) -> Table:
+def _phases_table(report: MemoryReport, *, ascii_only: bool = False) -> Table:
     table = Table(box=box.SIMPLE_HEAD, title="phases (allocated)", title_justify="left")
     table.add_column("phase")
     table.add_column("allocated", justify="right")
@@ -72,7 +80,10 @@ def _phases_table(report: MemoryReport) -> Table:
     for phase in report.phases:
         marker = " <- peak" if phase.name == report.peak_phase else ""
         table.add_row(
-            phase.name + marker, format_bytes(phase.allocated_bytes), _bar(phase.allocated_bytes / top, 16), phase.note
+            phase.name + marker,
+            format_bytes(phase.allocated_bytes),
+            _bar(phase.allocated_bytes / top, 16, ascii_only=ascii_only),
+            phase.note,
         )
     return table
 
@@ -123,8 +134,10 @@ def _terms_table(report: MemoryReport) -> Table:
     return table
 
 
-def report_renderable(report: MemoryReport, *, explain: bool = False) -> Group:
-    """The rich renderable of a report (for the terminal)."""
+def report_renderable(report: MemoryReport, *, explain: bool = False, ascii_only: bool = False) -> Group:
+    """The rich renderable of a report (for the terminal): the tables and the stacked timeline
+    (:mod:`vramlens.report.timeline_text`). ``ascii_only``: plain ASCII pictures and table rules
+    (also chosen at print time when the console cannot show Unicode blocks)."""
     title = Text(
         f"{report.model} - {report.engine}: peak {format_bytes(report.device_bytes)} per GPU (device level)",
         style="bold",
@@ -132,23 +145,27 @@ def report_renderable(report: MemoryReport, *, explain: bool = False) -> Group:
     parts: list[object] = [
         title,
         _fit_line(report),
+        timeline_renderable(report, ascii_only=ascii_only),
         _levels_table(report),
-        _breakdown_table(report),
-        _phases_table(report),
+        _breakdown_table(report, ascii_only=ascii_only),
+        _phases_table(report, ascii_only=ascii_only),
         *(Text(line) for line in serving_lines(report)),
     ]
     if explain:
         parts.append(_terms_table(report))
+    for part in parts if ascii_only else ():
+        if isinstance(part, Table):
+            part.box = ASCII_TABLE_BOX
     if report.assumptions:
         parts.append(Text("assumptions:", style="bold"))
         parts.extend(Text(f"  - {note}") for note in report.assumptions)
     return Group(*parts)  # type: ignore[arg-type]
 
 
-def print_report(report: MemoryReport, *, explain: bool = False) -> None:
+def print_report(report: MemoryReport, *, explain: bool = False, ascii_only: bool = False) -> None:
     """Print a report to stdout (the terminal's width on a terminal, 120 columns when piped)."""
     console = Console(width=None if sys.stdout.isatty() else 120, highlight=False)
-    console.print(report_renderable(report, explain=explain))
+    console.print(report_renderable(report, explain=explain, ascii_only=ascii_only))
 
 
 def markdown_report(report: MemoryReport, *, explain: bool = False) -> str:

@@ -14,6 +14,7 @@ from rich.text import Text
 
 from vramlens.report.forensics import Leak, LiveAllocation
 from vramlens.report.oom import OomForensics
+from vramlens.report.timeline_text import ASCII_TABLE_BOX, Bar, bar, timeline_renderable
 from vramlens.report.view import ViewReport
 from vramlens.report.view_diff import RankView, ViewDiff
 from vramlens.units import format_bytes
@@ -23,10 +24,10 @@ __all__ = ["diff_renderable", "print_renderable", "ranks_renderable", "view_rend
 _FRAME = re.compile(r"^(?P<file>.*):(?P<line>\d+) in (?P<name>.*)$")
 
 
-def _bar(share: float, width: int = 24) -> str:
-    """A proportional bar of ``share`` (0..1) over ``width`` cells."""
-    cells = round(max(share, 0.0) * width)
-    return "█" * cells if cells else "▏"
+def _bar(share: float, width: int = 24, *, ascii_only: bool = False) -> Bar:
+    """A proportional bar of ``share`` (0..1) over ``width`` cells (``#`` in ASCII, and when
+    the console cannot show ``█``)."""
+    return bar(share, width, ascii_only=ascii_only)
 
 
 def _frame(frame: str) -> str:
@@ -61,13 +62,16 @@ def _table(title: str, *columns: str) -> Table:
     return table
 
 
-def _group(parts: list[Any]) -> Group:
-    """The parts in order, each table's title on a line of its own above it."""
+def _group(parts: list[Any], *, ascii_only: bool = False) -> Group:
+    """The parts in order, each table's title on a line of its own above it (ASCII rules
+    with ``ascii_only``)."""
     laid: list[Any] = []
     for part in parts:
         if isinstance(part, Table) and part.title:
             laid.append(Text(str(part.title), style="bold"))
             part.title = None
+        if isinstance(part, Table) and ascii_only:
+            part.box = ASCII_TABLE_BOX
         laid.append(part)
     return Group(*laid)
 
@@ -100,7 +104,7 @@ def _levels(view: ViewReport) -> Table:
     return table
 
 
-def _breakdown(view: ViewReport) -> Table:
+def _breakdown(view: ViewReport, *, ascii_only: bool = False) -> Table:
     """Allocated bytes by category at the peak, with shares and bars."""
     report = view.report
     table = _table(
@@ -113,7 +117,10 @@ def _breakdown(view: ViewReport) -> Table:
     total = report.allocated_bytes or 1
     for category, value in sorted(report.breakdown.items(), key=lambda item: -item[1]):
         table.add_row(
-            category.value.replace("_", " "), format_bytes(value), f"{value / total:6.1%}", _bar(value / total)
+            category.value.replace("_", " "),
+            format_bytes(value),
+            f"{value / total:6.1%}",
+            _bar(value / total, ascii_only=ascii_only),
         )
     return table
 
@@ -127,7 +134,7 @@ def _modules(view: ViewReport) -> Table:
     return table
 
 
-def _phases(view: ViewReport, limit: int = 30) -> Table:
+def _phases(view: ViewReport, limit: int = 30, *, ascii_only: bool = False) -> Table:
     """The phases in order; with more than ``limit``, the ``limit`` highest (JSON has them all)."""
     report = view.report
     phases = report.phases
@@ -142,7 +149,10 @@ def _phases(view: ViewReport, limit: int = 30) -> Table:
     for phase in phases:
         marker = " <- peak" if phase.name == report.peak_phase else ""
         table.add_row(
-            phase.name + marker, format_bytes(phase.allocated_bytes), _bar(phase.allocated_bytes / top, 16), phase.note
+            phase.name + marker,
+            format_bytes(phase.allocated_bytes),
+            _bar(phase.allocated_bytes / top, 16, ascii_only=ascii_only),
+            phase.note,
         )
     return table
 
@@ -229,14 +239,21 @@ def _oom(oom: OomForensics, number: int, lines: int) -> list[Any]:
     return parts
 
 
-def view_renderable(view: ViewReport, *, stack_lines: int = 3) -> Group:
-    """Everything ``vramlens view`` shows for one record."""
+def view_renderable(view: ViewReport, *, stack_lines: int = 3, ascii_only: bool = False) -> Group:
+    """Everything ``vramlens view`` shows for one record, the stacked timeline first;
+    ``ascii_only``: plain ASCII pictures and table rules."""
     report = view.report
     title = f"{report.model} - {report.engine} ({view.format}): peak {format_bytes(report.allocated_bytes)} allocated in {report.peak_phase}"
-    parts: list[Any] = [Text(title, style="bold"), _levels(view), _breakdown(view)]
+    parts: list[Any] = [
+        Text(title, style="bold"),
+        timeline_renderable(report, ascii_only=ascii_only),
+        Text(""),
+        _levels(view),
+        _breakdown(view, ascii_only=ascii_only),
+    ]
     if any(name for name, _ in view.modules):
         parts.append(_modules(view))
-    parts.append(_phases(view))
+    parts.append(_phases(view, ascii_only=ascii_only))
     if view.identities:
         parts.append(_allocations("largest allocations live at the peak", view.top_allocations, stack_lines))
     parts.append(_leaks(view, stack_lines))
@@ -244,10 +261,10 @@ def view_renderable(view: ViewReport, *, stack_lines: int = 3) -> Group:
         parts.extend(_oom(oom, number, stack_lines))
     parts.append(Text("assumptions:", style="bold"))
     parts.extend(Text(f"  - {note}") for note in report.assumptions)
-    return _group(parts)
+    return _group(parts, ascii_only=ascii_only)
 
 
-def ranks_renderable(ranks: RankView, *, stack_lines: int = 3) -> Group:
+def ranks_renderable(ranks: RankView, *, stack_lines: int = 3, ascii_only: bool = False) -> Group:
     """Per-rank peaks and skew, then the detailed view of the highest rank."""
     table = _table("per-rank peaks (allocated)", "rank", "allocated", "tensor", "phase", "file")
     for column in table.columns[3:]:
@@ -260,7 +277,8 @@ def ranks_renderable(ranks: RankView, *, stack_lines: int = 3) -> Group:
         f"details of rank {ranks.detailed_rank} (the highest):",
         style="bold",
     )
-    return _group([table, skew, view_renderable(ranks.detailed, stack_lines=stack_lines)])
+    detailed = view_renderable(ranks.detailed, stack_lines=stack_lines, ascii_only=ascii_only)
+    return _group([table, skew, detailed], ascii_only=ascii_only)
 
 
 def diff_renderable(diff: ViewDiff) -> Group:
