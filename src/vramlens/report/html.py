@@ -83,7 +83,7 @@ def render_html(
     css_lib, css_own, js_lib, js_own = (_asset(name) for name in _ASSETS)
     title = f"vramlens: {report.model} ({report.engine})"
     body = [
-        _header(report, series),
+        _header(report, series, details),
         _chart_section(series),
         _breakdown_section(report),
         _phases_section(report),
@@ -208,14 +208,19 @@ def _trim_stack(stack: str) -> list[str]:
 # -- sections written by Python (every string escaped) --------------------------------------
 
 
-def _header(report: MemoryReport, series: StackedSeries) -> str:
+def _header(report: MemoryReport, series: StackedSeries, details: Mapping[str, Any] | None) -> str:
+    """Title and summary. A measured record that does not know the device level (its JSON says
+    ``peak.device_bytes: null``; the report object holds reserved there) says so."""
+    peak = (details or {}).get("peak")
+    device_known = not (isinstance(peak, Mapping) and "device_bytes" in peak and peak["device_bytes"] is None)
+    device = format_bytes(report.device_bytes) if device_known else "not recorded"
     fit = {None: "no GPU given", True: "fits", False: "does not fit"}[report.fits]
     gpu = f"{report.gpu} ({format_bytes(report.capacity_bytes)})" if report.gpu and report.capacity_bytes else "-"
     headroom = report.headroom_bytes
     rows = [
         ("peak allocated", f"{format_bytes(report.allocated_bytes)} in {report.peak_phase}"),
         ("peak reserved", format_bytes(report.reserved_bytes)),
-        ("peak on the device", format_bytes(report.device_bytes)),
+        ("peak on the device", device),
         ("GPU", gpu),
         ("fit", fit if headroom is None else f"{fit} (headroom {format_bytes(headroom)})"),
         ("drawn", _drawn(series)),
