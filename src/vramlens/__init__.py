@@ -44,6 +44,7 @@ from vramlens.model import (
     read_checkpoint,
     supported_model_types,
 )
+from vramlens.plan import Plan, plan
 from vramlens.report.model import MemoryReport, PhaseMemory, ServingCapacity, Term
 from vramlens.simulate import SimulationError, simulate, simulate_module
 from vramlens.snapshot import Snapshot, load_snapshot
@@ -80,6 +81,7 @@ __all__ = [
     "Parallelism",
     "ParameterBreakdown",
     "PhaseMemory",
+    "Plan",
     "PositionKind",
     "PositionSpec",
     "QKNorm",
@@ -110,6 +112,7 @@ __all__ = [
     "model_from_config",
     "parse_count",
     "parse_size",
+    "plan",
     "profile_step",
     "read_checkpoint",
     "resolve_gpu",

@@ -6,6 +6,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from vramlens.estimate.time import StepTime, step_time
 from vramlens.hardware import GpuSpec, resolve_gpu
 from vramlens.model.resolve import load_model
 from vramlens.model.spec import ModelSpec
@@ -14,7 +15,7 @@ from vramlens.workload.load import load_workload
 from vramlens.workload.options import Mode
 from vramlens.workload.spec import Workload
 
-__all__ = ["estimate", "estimate_resolved"]
+__all__ = ["StepTime", "estimate", "estimate_resolved", "step_time"]
 
 
 def estimate(workload: Workload | Mapping[str, Any] | str | os.PathLike[str], **overrides: Any) -> MemoryReport:

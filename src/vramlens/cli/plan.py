@@ -1,0 +1,156 @@
+"""``vramlens plan MODEL --gpu a100-80gb --gpus 2 [workload flags]``: configurations that fit, fastest first.
+
+Takes every workload flag ``vramlens estimate`` takes (the user's configuration, the starting
+point of the search), plus ``--headroom``, ``--allow-method-change``, ``--top``, ``--format``
+and ``--plot``. A rich progress bar appears on stderr when the search runs longer than 1 s.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import click
+
+from vramlens.cli.estimate import with_workload_options, workload_arguments
+from vramlens.errors import InputError
+from vramlens.units import GiB
+
+__all__ = ["plan_command"]
+
+#: Seconds before the progress bar appears (a quick plan shows none).
+PROGRESS_AFTER_S = 1.0
+
+
+class _LazyProgress:
+    """A ``progress(done, total)`` callback that shows a rich bar once the search is slow."""
+
+    def __init__(self) -> None:
+        self._start = time.monotonic()
+        self._bar: Any = None
+        self._task: Any = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if self._bar is None and time.monotonic() - self._start > PROGRESS_AFTER_S:
+            from rich.console import Console
+            from rich.progress import Progress
+
+            self._bar = Progress(console=Console(stderr=True), transient=True)
+            self._bar.start()
+            self._task = self._bar.add_task("planning", total=total)
+        if self._bar is not None:
+            self._bar.update(self._task, completed=done)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+def _notes(changes: tuple[tuple[str, Any, Any], ...]) -> str:
+    keys = {key: new for key, _, new in changes}
+    notes = []
+    if not changes:
+        notes.append("your configuration")
+    if keys.get("parallel.offload", "none") != "none":
+        notes.append("needs host RAM + PCIe")
+    if "method" in keys:
+        notes.append("trains adapters, not all weights")
+    if keys.get("precision") == "bf16":
+        notes.append("pure bf16 weights")
+    if str(keys.get("optimizer", "")).endswith("8bit"):
+        notes.append("bitsandbytes")
+    return "; ".join(notes)
+
+
+def _table(result: Any) -> list[str]:
+    header = f"{'#':>3}  {'peak/GPU':>10}  {'headroom':>9}  {'rel. time':>9}  changes  [notes]"
+    lines = [header]
+    for rank, cand in enumerate(result.candidates, start=1):
+        changes = ", ".join(f"{k}={new}" for k, _, new in cand.changes) or "(none)"
+        notes = _notes(cand.changes)
+        lines.append(
+            f"{rank:>3}  {cand.report.device_bytes / GiB:>6.1f} GiB  {cand.headroom_bytes / GiB:>5.1f} GiB"
+            f"  {cand.relative_step_time:>8.2f}x  {changes}" + (f"  [{notes}]" if notes else "")
+        )
+    return lines
+
+
+def _show(result: Any, fmt: str) -> None:
+    if fmt == "json":
+        click.echo(json.dumps(result.to_dict(), indent=2))
+        return
+    model = result.workload.model if isinstance(result.workload.model, str) else result.workload.model.name
+    click.echo(
+        f"plan for {model} on {result.gpus} x {result.gpu} ({result.headroom:.0%} headroom): "
+        f"{len(result.candidates)} configurations, step time relative to {result.reference}"
+    )
+    click.echo(f"searched {result.considered} configurations ({result.estimated} estimated)")
+    if result.impossible is not None:
+        click.echo(f"impossible: {result.impossible}")
+        return
+    for line in _table(result):
+        click.echo(line)
+
+
+@click.command("plan")
+@click.argument("model", required=False)
+@click.option(
+    "-c", "--config", "config", type=click.Path(dir_okay=False), help="Workload file (YAML or JSON); flags override it."
+)
+@click.option("--headroom", type=float, default=0.10, show_default=True, help="Fraction of each GPU kept free.")
+@click.option("--allow-method-change", is_flag=True, help="Also try LoRA, QLoRA and pure bf16 weights.")
+@click.option("--top", type=int, default=10, show_default=True, help="Show the N best configurations.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Also draw memory vs time (.png/.svg).")
+@with_workload_options
+def plan_command(
+    model: str | None,
+    config: str | None,
+    headroom: float,
+    allow_method_change: bool,
+    top: int,
+    fmt: str,
+    plot_path: str | None,
+    **options: Any,
+) -> None:
+    """Find training configurations of MODEL that fit the GPUs, fastest first."""
+    from vramlens.plan import plan
+    from vramlens.workload.load import load_workload
+
+    if top < 1:
+        raise InputError(f"--top: must be an integer >= 1, got {top}")
+    base, overrides = workload_arguments(model, config, options, command="plan")
+    workload = load_workload(base, _default_ddp(base, overrides))
+    progress = _LazyProgress()
+    try:
+        result = plan(
+            workload,
+            headroom=headroom,
+            allow_method_change=allow_method_change,
+            max_candidates=top,
+            progress=progress,
+        )
+    finally:
+        progress.close()
+    _show(result, fmt)
+    if plot_path is not None and result.candidates:
+        from vramlens.plan.plot import save_plan_plot
+
+        save_plan_plot(result, plot_path)
+
+
+def _default_ddp(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """``--gpus N`` alone means N data-parallel ranks: plain DDP unless a strategy is given
+    (the workload contract refuses several ranks with ``shard: none``)."""
+    flags = overrides.get("parallel", {})
+    given = {**(base.get("parallel") or {}), **flags}
+    if "gpus" not in flags or "shard" in given:
+        return overrides
+    try:
+        gpus, split = int(given["gpus"]), int(given.get("tp", 1)) * int(given.get("pp", 1)) * int(given.get("cp", 1))
+    except (TypeError, ValueError):
+        raise InputError(f"--gpus: must be an integer >= 1, got {given['gpus']!r}") from None
+    if gpus > split:
+        return {**overrides, "parallel": {**flags, "shard": "ddp"}}
+    return overrides

@@ -1,0 +1,214 @@
+"""The planner's search space: structural groups and, inside each, an ordered grid of memory knobs.
+
+A *group* fixes what changes the shape of the run: method (and quantization), precision,
+and the parallel layout (tp, pp, data-parallel strategy, shard group). Inside a group every
+*knob* is an ordered axis, least memory-saving first:
+
+======================  =================================================================
+recompute               none, selective, full every 4th layer, every 2nd, every layer, offload
+loss                    the user's, chunked, fused-linear (Liger / torchtune-style)
+optimizer               the user's; for AdamW also adamw-8bit, paged-adamw-8bit (bitsandbytes)
+offload                 none, optimizer, optimizer+params (only where the strategy allows it)
+micro-batch             the samples per data-parallel rank (the user's global batch over the
+                        layout's dp) split as batch x grad_accum, largest micro-batch first;
+                        the global batch ``batch x grad_accum x dp`` never changes and layouts
+                        whose dp does not divide it are skipped
+======================  =================================================================
+
+The order is what the search's monotonicity pruning relies on: moving one step along an axis
+never raises the estimated peak (recompute, chunked losses, 8-bit state, CPU offload and
+smaller micro-batches each only drop terms). The pruning only skips estimating configurations
+that are implied to fit; every configuration the planner returns was estimated on its own.
+
+Decisions (documented in the README's planner section):
+
+* precision: the user's is kept; a user in ``fp32`` is also offered ``mixed-bf16`` (automatic
+  mixed precision keeps fp32 master weights, so the optimizer math is unchanged). Pure ``bf16``
+  weights change the numerics (the seed 004 table: eval perplexity 152 -> 180), so they count
+  as a method change and are offered only with ``allow_method_change``.
+* method: LoRA and QLoRA (NF4 base weights) only with ``allow_method_change``.
+* parallel: tp <= 8 (one NVLink node), tp x pp dividing the GPUs; every data-parallel strategy
+  for the remaining ranks, HSDP with each proper shard-group size. On one data-parallel rank
+  ZeRO-3 is offered only together with CPU offload (DeepSpeed ZeRO-Offload / ZeRO-Infinity);
+  without offload it would equal no sharding. Layouts the estimator rejects (heads or layers
+  not divisible) are skipped by the search.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from vramlens.workload.options import (
+    LossImpl,
+    Method,
+    Offload,
+    OptimizerName,
+    Precision,
+    Quant,
+    Recompute,
+    Shard,
+)
+from vramlens.workload.spec import Parallelism, Workload
+
+__all__ = ["Group", "Knobs", "apply_knobs", "groups", "knob_axes", "layouts", "per_rank_samples"]
+
+#: Largest tensor-parallel degree offered: TP all-reduces every layer and belongs inside one
+#: NVLink domain of 8 GPUs (Megatron-LM paper, Narayanan et al. 2021, section 3.3).
+MAX_TP = 8
+#: Recompute settings, least memory-saving first: (policy, every k-th layer).
+RECOMPUTE_ORDER: tuple[tuple[Recompute, int], ...] = (
+    (Recompute.NONE, 1),
+    (Recompute.SELECTIVE, 1),
+    (Recompute.FULL, 4),
+    (Recompute.FULL, 2),
+    (Recompute.FULL, 1),
+    (Recompute.OFFLOAD, 1),
+)
+#: 8-bit alternatives offered to an AdamW user (bitsandbytes' blockwise 8-bit state).
+ADAMW_FAMILY = (OptimizerName.ADAMW, OptimizerName.PAGED_ADAMW)
+EIGHT_BIT = (OptimizerName.ADAMW_8BIT, OptimizerName.PAGED_ADAMW_8BIT)
+PARAM_SHARDING = (Shard.ZERO3, Shard.FSDP, Shard.HSDP)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Group:
+    """One structural choice: method/quant, precision and parallel layout (without offload)."""
+
+    method: Method
+    quant: Quant
+    precision: Precision
+    parallel: Parallelism
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Knobs:
+    """One point of a group's knob grid (each field a value from its ordered axis)."""
+
+    recompute: tuple[Recompute, int]
+    loss: LossImpl
+    optimizer: OptimizerName
+    offload: Offload
+    micro_batch: int
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _precisions(user: Workload, allow_method_change: bool) -> list[Precision]:
+    options = [user.precision]
+    if user.precision is Precision.FP32:
+        options.append(Precision.MIXED_BF16)
+    if allow_method_change and Precision.BF16 not in options:
+        options.append(Precision.BF16)
+    return options
+
+
+def _methods(user: Workload, allow_method_change: bool) -> list[tuple[Method, Quant]]:
+    options = [(user.method, user.quant)]
+    if allow_method_change:
+        for option in ((Method.LORA, Quant.NONE), (Method.QLORA, Quant.NF4)):
+            if option not in options:
+                options.append(option)
+    return options
+
+
+def _strategies(dp: int) -> list[tuple[Shard, int | None]]:
+    if dp == 1:
+        return [(Shard.NONE, None), (Shard.ZERO3, None)]
+    found: list[tuple[Shard, int | None]] = [(s, None) for s in (Shard.DDP, Shard.ZERO1, Shard.ZERO2, Shard.ZERO3)]
+    found.append((Shard.FSDP, None))
+    found.extend((Shard.HSDP, d) for d in _divisors(dp) if 1 < d < dp)
+    return found
+
+
+def layouts(user: Workload, gpus: int) -> Iterator[Parallelism]:
+    """Every parallel layout (offload none) over ``gpus`` with the user's cp/ep/schedule."""
+    base = user.parallel
+    for tp in (d for d in _divisors(gpus) if d <= MAX_TP):
+        for pp in _divisors(gpus // tp):
+            if (gpus // (tp * pp)) % base.cp:
+                continue
+            dp = gpus // (tp * pp * base.cp)
+            for shard, degree in _strategies(dp):
+                try:
+                    yield dataclasses.replace(
+                        base, gpus=gpus, tp=tp, pp=pp, shard=shard, shard_degree=degree, offload=Offload.NONE
+                    )
+                except Exception:
+                    continue
+
+
+def groups(user: Workload, gpus: int, *, allow_method_change: bool) -> list[Group]:
+    """The structural groups, the user's own method and precision first."""
+    return [
+        Group(method=method, quant=quant, precision=precision, parallel=parallel)
+        for method, quant in _methods(user, allow_method_change)
+        for precision in _precisions(user, allow_method_change)
+        for parallel in layouts(user, gpus)
+        if per_rank_samples(user, parallel)
+    ]
+
+
+def _offloads(parallel: Parallelism) -> list[Offload]:
+    if parallel.shard in (Shard.NONE, Shard.DDP):
+        return [Offload.NONE]
+    if parallel.shard not in PARAM_SHARDING:
+        return [Offload.NONE, Offload.OPTIMIZER]
+    if parallel.dp == 1:  # ZeRO-3 on one data-parallel rank only makes sense with offload
+        return [Offload.OPTIMIZER, Offload.OPTIMIZER_PARAMS]
+    return [Offload.NONE, Offload.OPTIMIZER, Offload.OPTIMIZER_PARAMS]
+
+
+def per_rank_samples(user: Workload, parallel: Parallelism) -> int:
+    """Samples each data-parallel rank processes per step so that the user's global batch
+    (``batch x grad_accum x dp``) is unchanged; 0 when ``parallel.dp`` does not divide it."""
+    total = user.global_batch
+    return total // parallel.dp if total % parallel.dp == 0 else 0
+
+
+def _micro_batches(user: Workload, parallel: Parallelism) -> list[int]:
+    """Divisors of the per-rank samples: the user's micro-batch, powers of two, largest first."""
+    total = per_rank_samples(user, parallel)
+    options = {d for d in _divisors(total) if d & (d - 1) == 0} | {total}
+    if total % user.batch == 0:
+        options.add(user.batch)
+    return sorted(options, reverse=True)
+
+
+def knob_axes(user: Workload, group: Group) -> tuple[list[object], ...]:
+    """The group's ordered knob axes: recompute, loss, optimizer, offload, micro-batch."""
+    losses = [user.loss] + [x for x in (LossImpl.CHUNKED, LossImpl.FUSED_LINEAR) if x is not user.loss]
+    optimizers: list[OptimizerName] = [user.optimizer]
+    if user.optimizer in ADAMW_FAMILY:
+        optimizers.extend(EIGHT_BIT)
+    elif user.optimizer is OptimizerName.ADAMW_8BIT:
+        optimizers.append(OptimizerName.PAGED_ADAMW_8BIT)
+    return (
+        list(RECOMPUTE_ORDER),
+        list(losses),
+        list(optimizers),
+        list(_offloads(group.parallel)),
+        list(_micro_batches(user, group.parallel)),
+    )
+
+
+def apply_knobs(user: Workload, group: Group, knobs: Knobs) -> Workload:
+    """The user's workload with a group and knob point applied (raises InputError if invalid)."""
+    recompute, every = knobs.recompute
+    total = per_rank_samples(user, group.parallel)
+    return dataclasses.replace(
+        user,
+        method=group.method,
+        quant=group.quant,
+        precision=group.precision,
+        parallel=dataclasses.replace(group.parallel, offload=knobs.offload),
+        recompute=recompute,
+        recompute_every=every if recompute is Recompute.FULL else user.recompute_every,
+        loss=knobs.loss,
+        optimizer=knobs.optimizer,
+        batch=knobs.micro_batch,
+        grad_accum=total // knobs.micro_batch,
+    )

@@ -1,0 +1,114 @@
+"""The search's guarantees: every returned entry fits on its own, none is dominated, ranking
+follows the time model, and the pruning is fast.
+
+The property test re-estimates each returned workload from scratch (through the public
+``estimate`` with the workload's own dict, no shared state with the search) and checks the
+headroom rule, so a pruning bug that returned an implied-but-unestimated point would fail it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from vramlens.estimate import estimate
+from vramlens.plan import plan
+from vramlens.plan.search import Evaluated, pareto
+from vramlens.report.model import MemoryReport
+from vramlens.workload.load import workload_to_dict
+from vramlens.workload.spec import Workload
+
+
+def _dominated(a: Any, others: list[Any]) -> bool:
+    pa, ta = a.report.device_bytes, a.relative_step_time
+    return any(
+        b is not a
+        and b.report.device_bytes <= pa
+        and b.relative_step_time <= ta
+        and (b.report.device_bytes < pa or b.relative_step_time < ta)
+        for b in others
+    )
+
+
+@pytest.mark.slow
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    model=st.sampled_from(["llama-3.2-1b", "qwen2.5-3b", "llama-3.1-8b", "mistral-7b"]),
+    gpu=st.sampled_from(["rtx-4090", "a100-40gb", "a100-80gb", "h100-80gb"]),
+    gpus=st.sampled_from([1, 2, 4]),
+    headroom=st.sampled_from([0.0, 0.1, 0.25]),
+    batch=st.sampled_from([1, 2, 4]),
+    seq=st.sampled_from([512, 2048, 4096]),
+)
+def test_every_entry_fits_on_its_own_and_top5_is_not_dominated(
+    model: str, gpu: str, gpus: int, headroom: float, batch: int, seq: int
+) -> None:
+    result = plan({"model": model, "batch": batch, "seq": seq}, gpu=gpu, gpus=gpus, headroom=headroom)
+    assert bool(result.candidates) != (result.impossible is not None)
+    for candidate in result.candidates:
+        fresh = estimate(workload_to_dict(candidate.workload))
+        assert fresh.capacity_bytes is not None
+        assert fresh.device_bytes <= fresh.capacity_bytes * (1 - headroom)
+        assert fresh.device_bytes == candidate.report.device_bytes
+        assert candidate.workload.global_batch == batch * gpus  # the user's dp is gpus (ddp)
+    top = list(result.candidates[:5])
+    assert not any(_dominated(c, list(result.candidates)) for c in top)
+    times = [c.relative_step_time for c in result.candidates]
+    assert times == sorted(times)
+
+
+def _fake_time(workload: Workload, report: MemoryReport) -> float:
+    """An injected ranking: recompute and grad-accumulation steps cost time, nothing else."""
+    cost = {"none": 1.0, "selective": 1.1, "full": 1.33, "offload": 1.5}[workload.recompute.value]
+    return cost * (1.0 + 0.1 * workload.grad_accum) + (0.5 if workload.parallel.offload.value != "none" else 0.0)
+
+
+def test_injected_time_model_ranks_the_plan() -> None:
+    """With the injected model the fastest entry must be the one with the smallest fake time,
+    and relative times are that time over the reference (the fastest, as the user's does not fit)."""
+    result = plan({"model": "llama-3.2-3b", "seq": 4096}, gpu="rtx-4090", gpus=1, time_model=_fake_time)
+    assert result.candidates and not result.user_fits
+    seconds = [_fake_time(c.workload, c.report) for c in result.candidates]
+    assert seconds == sorted(seconds)
+    assert result.candidates[0].relative_step_time == pytest.approx(1.0)
+    assert result.candidates[-1].relative_step_time == pytest.approx(seconds[-1] / seconds[0])
+
+
+def test_pareto_drops_dominated_and_duplicate_points() -> None:
+    report = estimate({"model": "llama-3.2-1b", "gpu": "a100-80gb"})
+
+    def point(peak: int, seconds: float) -> Evaluated:
+        fake = type(report)(**{**{f: getattr(report, f) for f in report.__dataclass_fields__}, "device_bytes": peak})
+        return Evaluated(workload=report.workload, report=fake, seconds=seconds)
+
+    a, b, c, d, e = point(10, 1.0), point(8, 2.0), point(9, 3.0), point(8, 2.0), point(5, 4.0)
+    kept = pareto([c, b, a, d, e])
+    # c (9 B, 3 s) is dominated by b (8 B, 2 s); d duplicates b and is kept once
+    assert [(p.report.device_bytes, p.seconds) for p in kept] == [(10, 1.0), (8, 2.0), (5, 4.0)]
+
+
+def test_progress_is_called_for_every_group() -> None:
+    calls: list[tuple[int, int]] = []
+    plan({"model": "llama-3.2-1b"}, gpu="a100-80gb", gpus=2, progress=lambda d, t: calls.append((d, t)))
+    assert calls and calls[-1][0] == calls[-1][1] and [d for d, _ in calls] == list(range(1, len(calls) + 1))
+
+
+def test_max_candidates_caps_the_list() -> None:
+    full = plan({"model": "llama-3.1-8b"}, gpu="a100-80gb", gpus=4)
+    capped = plan({"model": "llama-3.1-8b"}, gpu="a100-80gb", gpus=4, max_candidates=2)
+    assert len(full.candidates) > 2 and len(capped.candidates) == 2
+    assert [c.changes for c in capped.candidates] == [c.changes for c in full.candidates[:2]]
+
+
+def test_five_thousand_candidates_in_two_seconds() -> None:
+    """Issue 8: a full plan over >= 5,000 candidate configurations takes <= 2 s (the model is
+    loaded once; pruned groups cost one estimate)."""
+    start = time.perf_counter()
+    result = plan({"model": "llama-3.1-70b"}, gpu="a100-80gb", gpus=8)
+    elapsed = time.perf_counter() - start
+    assert result.considered >= 5000
+    assert elapsed <= 2.0, f"{result.considered} candidates took {elapsed:.2f} s"
