@@ -11,6 +11,7 @@ table rules in plain ASCII, as happens by itself on a console that cannot show U
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 
 from rich import box
 from rich.console import Console, Group
@@ -18,11 +19,11 @@ from rich.table import Table
 from rich.text import Text
 
 from vramlens.categories import Category
-from vramlens.report.model import MemoryReport
+from vramlens.report.model import MemoryReport, PhaseMemory
 from vramlens.report.timeline_text import ASCII_TABLE_BOX, Bar, bar, timeline_renderable
 from vramlens.units import format_bytes
 
-__all__ = ["markdown_report", "print_report", "report_renderable", "serving_lines"]
+__all__ = ["add_phase_rows", "markdown_report", "print_report", "report_renderable", "serving_lines"]
 
 _BAR_WIDTH = 28
 
@@ -76,8 +77,17 @@ def _phases_table(report: MemoryReport, *, ascii_only: bool = False) -> Table:
     table.add_column("allocated", justify="right")
     table.add_column("", no_wrap=True)
     table.add_column("high point")
-    top = max(phase.allocated_bytes for phase in report.phases) or 1
-    for phase in report.phases:
+    add_phase_rows(table, report, report.phases, ascii_only=ascii_only)
+    return table
+
+
+def add_phase_rows(
+    table: Table, report: MemoryReport, phases: Sequence[PhaseMemory], *, ascii_only: bool = False
+) -> None:
+    """One row per phase: its name (marked at the report's peak), allocated bytes, a bar against
+    the highest of ``phases`` and its note (``estimate``'s and ``view``'s phase tables)."""
+    top = max(phase.allocated_bytes for phase in phases) or 1
+    for phase in phases:
         marker = " <- peak" if phase.name == report.peak_phase else ""
         table.add_row(
             phase.name + marker,
@@ -85,7 +95,6 @@ def _phases_table(report: MemoryReport, *, ascii_only: bool = False) -> Table:
             _bar(phase.allocated_bytes / top, 16, ascii_only=ascii_only),
             phase.note,
         )
-    return table
 
 
 def _fit_line(report: MemoryReport) -> Text:

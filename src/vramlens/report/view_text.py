@@ -14,6 +14,7 @@ from rich.text import Text
 
 from vramlens.report.forensics import Leak, LiveAllocation
 from vramlens.report.oom import OomForensics
+from vramlens.report.text import add_phase_rows
 from vramlens.report.timeline_text import ASCII_TABLE_BOX, Bar, bar, timeline_renderable
 from vramlens.report.view import ViewReport
 from vramlens.report.view_diff import RankView, ViewDiff
@@ -145,15 +146,7 @@ def _phases(view: ViewReport, limit: int = 30, *, ascii_only: bool = False) -> T
         title += f": the {limit} highest of {len(report.phases)}"
     table = _table(title, "phase", "allocated", "", "where")
     table.columns[3].justify = "left"
-    top = max(phase.allocated_bytes for phase in phases) or 1
-    for phase in phases:
-        marker = " <- peak" if phase.name == report.peak_phase else ""
-        table.add_row(
-            phase.name + marker,
-            format_bytes(phase.allocated_bytes),
-            _bar(phase.allocated_bytes / top, 16, ascii_only=ascii_only),
-            phase.note,
-        )
+    add_phase_rows(table, report, phases, ascii_only=ascii_only)
     return table
 
 
