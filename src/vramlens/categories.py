@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from vramlens._compat import StrEnum
 
-__all__ = ["Category", "LEVEL_CATEGORIES"]
+__all__ = ["Category", "LEVEL_CATEGORIES", "TORCH_PROFILER_CATEGORIES"]
 
 
 class Category(StrEnum):
@@ -40,3 +40,21 @@ LEVEL_CATEGORIES = {
     "reserved": tuple(c for c in Category if c is not Category.RUNTIME),
     "device": tuple(Category),
 }
+
+
+#: torch.profiler's memory categories (``torch/profiler/_memory_profiler.py``: ``Category``
+#: names in ``_CATEGORY_TO_INDEX`` order, then "unknown" for tensors it could not label) and
+#: the vramlens category each counts as. Its exports name them in capitals, the snapshots
+#: ``torch.cuda._memory_viz._profile_to_snapshot`` synthesises in lower case. AUTOGRAD_DETAIL
+#: (outputs left over in the backward scope) counts as temporary, as the tracker counts
+#: backward-pass tensors.
+TORCH_PROFILER_CATEGORIES: tuple[tuple[str, Category], ...] = (
+    ("PARAMETER", Category.PARAMETERS),
+    ("OPTIMIZER_STATE", Category.OPTIMIZER_STATE),
+    ("INPUT", Category.INPUTS),
+    ("TEMPORARY", Category.TEMPORARY),
+    ("ACTIVATION", Category.ACTIVATIONS),
+    ("GRADIENT", Category.GRADIENTS),
+    ("AUTOGRAD_DETAIL", Category.TEMPORARY),
+    ("unknown", Category.OTHER),
+)

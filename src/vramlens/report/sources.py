@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from vramlens._compat import StrEnum
-from vramlens.categories import Category
+from vramlens.categories import TORCH_PROFILER_CATEGORIES
 from vramlens.errors import InputError
 from vramlens.simulate.allocator import AllocatorSettings
 from vramlens.trace.timeline import CATEGORY_ORDER, Timeline, TimelineBuilder
@@ -46,20 +46,9 @@ ACCEPTED = (
     "or a torch profiler memory timeline (export_memory_timeline .json, .json.gz or .raw.json.gz)"
 )
 
-#: torch.profiler._memory_profiler's category columns, in ``_CATEGORY_TO_INDEX`` order (the
-#: coalesced JSON shifts them by one: column 0 is always 0), mapped to vramlens categories.
-#: AUTOGRAD_DETAIL (outputs left over in the backward scope) counts as temporary, as the
-#: tracker counts backward-pass tensors; the profiler's unknown (None) as other.
-PROFILER_CATEGORIES: tuple[tuple[str, Category], ...] = (
-    ("PARAMETER", Category.PARAMETERS),
-    ("OPTIMIZER_STATE", Category.OPTIMIZER_STATE),
-    ("INPUT", Category.INPUTS),
-    ("TEMPORARY", Category.TEMPORARY),
-    ("ACTIVATION", Category.ACTIVATIONS),
-    ("GRADIENT", Category.GRADIENTS),
-    ("AUTOGRAD_DETAIL", Category.TEMPORARY),
-    ("unknown", Category.OTHER),
-)
+#: The profiler's category columns, in order (the coalesced JSON shifts them by one: column 0
+#: is always 0), mapped to vramlens categories (:data:`vramlens.categories.TORCH_PROFILER_CATEGORIES`).
+PROFILER_CATEGORIES = TORCH_PROFILER_CATEGORIES
 _CODES = tuple(CATEGORY_ORDER.index(category) for _, category in PROFILER_CATEGORIES)
 _RAW_ACTIONS = (1, 2, 3, 4)  # PREEXISTING, CREATE, INCREMENT_VERSION, DESTROY (Action.value)
 _MAX_JSON_BYTES = 4 << 30

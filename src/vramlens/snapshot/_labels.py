@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from vramlens.categories import Category
+from vramlens.categories import TORCH_PROFILER_CATEGORIES, Category
 from vramlens.snapshot.model import Annotation
 from vramlens.trace.timeline import CATEGORY_ORDER
 
@@ -28,15 +28,8 @@ __all__ = ["NO_CATEGORY", "Labels", "category_code", "parse_labels", "span_phase
 
 #: Marks "no category recorded" in the per-string code arrays.
 NO_CATEGORY = -1
-_PROFILER_NAMES = {
-    "parameter": Category.PARAMETERS,
-    "gradient": Category.GRADIENTS,
-    "activation": Category.ACTIVATIONS,
-    "input": Category.INPUTS,
-    "temporary": Category.TEMPORARY,
-    "autograd_detail": Category.TEMPORARY,  # as vramlens.report.sources maps the profiler's AUTOGRAD_DETAIL
-    "optimizer_state": Category.OPTIMIZER_STATE,
-}
+#: ``_profile_to_snapshot``'s lower-case names; its "unknown" stays unlabelled (no category).
+_PROFILER_NAMES = {name.lower(): category for name, category in TORCH_PROFILER_CATEGORIES if name != "unknown"}
 _NAMES = {category.value: category for category in Category} | _PROFILER_NAMES
 _CODES = {name: CATEGORY_ORDER.index(category) for name, category in _NAMES.items()}
 
