@@ -281,9 +281,9 @@ def test_the_asset_files_are_package_data() -> None:
 
 def test_a_measured_record_without_the_device_level_says_so() -> None:
     """``vramlens view`` knows no device level for a tracked run (its JSON has null there; the
-    report object holds reserved in that field): the page must not show a number."""
+    report's ``device_known`` is False): the page must not show a number."""
     view = build_view(_timeline())
     assert view.to_dict()["peak"]["device_bytes"] is None
-    page = render_html(view.report, details=view.to_dict())
-    assert "<dt>peak on the device</dt><dd>not recorded</dd>" in page
-    assert "<dt>peak on the device</dt><dd>not recorded</dd>" not in render_html(view.report)
+    assert "<dt>peak on the device</dt><dd>not recorded</dd>" in render_html(view.report)
+    known = dataclasses.replace(view.report, device_known=True)
+    assert "<dt>peak on the device</dt><dd>not recorded</dd>" not in render_html(known)

@@ -184,3 +184,12 @@ def test_terms_of_an_estimate_name_valid_categories() -> None:
         assert set(term) == {"name", "category", "bytes", "formula"}
         assert term["category"] in {c.value for c in Category} and is_int(term["bytes"]) and term["bytes"] >= 0
         assert isinstance(term["formula"], str) and term["formula"]
+
+
+def test_an_unknown_device_level_is_null_in_the_json() -> None:
+    """A measured record without the device level (``device_known=False``): the JSON says null
+    for the device peak and the runtime instead of repeating reserved."""
+    data = hand_report(engine="measured", device_bytes=7 * GiB, runtime={}, device_known=False).to_dict()
+    assert data["peak"]["device_bytes"] is None and data["levels"]["runtime_bytes"] is None
+    assert data["peak"]["reserved_bytes"] == 7 * GiB
+    assert hand_report().to_dict()["peak"]["device_bytes"] == 7 * GiB + 512 * MiB

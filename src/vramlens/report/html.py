@@ -83,7 +83,7 @@ def render_html(
     css_lib, css_own, js_lib, js_own = (_asset(name) for name in _ASSETS)
     title = f"vramlens: {report.model} ({report.engine})"
     body = [
-        _header(report, series, details),
+        _header(report, series),
         _chart_section(series),
         _breakdown_section(report),
         _phases_section(report),
@@ -208,12 +208,9 @@ def _trim_stack(stack: str) -> list[str]:
 # -- sections written by Python (every string escaped) --------------------------------------
 
 
-def _header(report: MemoryReport, series: StackedSeries, details: Mapping[str, Any] | None) -> str:
-    """Title and summary. A measured record that does not know the device level (its JSON says
-    ``peak.device_bytes: null``; the report object holds reserved there) says so."""
-    peak = (details or {}).get("peak")
-    device_known = not (isinstance(peak, Mapping) and "device_bytes" in peak and peak["device_bytes"] is None)
-    device = format_bytes(report.device_bytes) if device_known else "not recorded"
+def _header(report: MemoryReport, series: StackedSeries) -> str:
+    """Title and summary (a measured record without the device level says so)."""
+    device = format_bytes(report.device_bytes) if report.device_known else "not recorded"
     fit = {None: "no GPU given", True: "fits", False: "does not fit"}[report.fits]
     gpu = f"{report.gpu} ({format_bytes(report.capacity_bytes)})" if report.gpu and report.capacity_bytes else "-"
     headroom = report.headroom_bytes

@@ -127,6 +127,9 @@ class MemoryReport:
     """Inference: the KV cache needed and, for vLLM, the pool it gets."""
     timeline: Timeline | None = field(default=None, repr=False, compare=False)
     """Every tensor event of the run (simulated or measured reports; None for estimates)."""
+    device_known: bool = True
+    """False for a measured record that did not record the device level: ``device_bytes``
+    then repeats ``reserved_bytes`` and the JSON says null for it (and for the runtime)."""
 
     def __post_init__(self) -> None:
         names = [phase.name for phase in self.phases]
@@ -178,13 +181,13 @@ class MemoryReport:
             "peak": {
                 "allocated_bytes": self.allocated_bytes,
                 "reserved_bytes": self.reserved_bytes,
-                "device_bytes": self.device_bytes,
+                "device_bytes": self.device_bytes if self.device_known else None,
                 "phase": self.peak_phase,
             },
             "breakdown": {c.value: b for c, b in self.breakdown.items() if b},
             "levels": {
                 "allocator_slack_bytes": self.allocator_slack_bytes,
-                "runtime_bytes": self.runtime_bytes,
+                "runtime_bytes": self.runtime_bytes if self.device_known else None,
                 "runtime": dict(self.runtime),
             },
             "phases": [phase.to_dict() for phase in self.phases],

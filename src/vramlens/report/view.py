@@ -118,9 +118,6 @@ class ViewReport:
         ``leaks`` and ``oom``; ``peak.device_bytes`` is null when the device level is unknown."""
         data = self.report.to_dict()
         levels = self.levels
-        if levels.device_bytes is None:
-            data["peak"]["device_bytes"] = None
-            data["levels"]["runtime_bytes"] = None
         data["levels"].update(
             tensor_peak_bytes=levels.tensor_bytes,
             allocated_source=levels.allocated_source,
@@ -306,6 +303,7 @@ def _memory_report(source: Source, rounded: Timeline, levels: Levels, notes: lis
         allocated_bytes=levels.allocated_bytes,
         reserved_bytes=levels.reserved_bytes,
         device_bytes=levels.device_bytes if levels.device_bytes is not None else levels.reserved_bytes,
+        device_known=levels.device_bytes is not None,
         assumptions=tuple([*notes, *_level_notes(source, levels)]),
         timeline=source.timeline,
     )
