@@ -11,13 +11,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from vramlens.errors import InputError
-from vramlens.estimate import estimate
+from vramlens.estimate import estimate, estimate_resolved
 from vramlens.model.resolve import model_from_config
 from vramlens.plan import cheapest_change, min_gpus, plan
-from vramlens.plan.candidates import PARAM_SHARDING
-from vramlens.workload.options import Method, Offload, OptimizerName, Recompute, Shard
+from vramlens.plan.candidates import PARAM_SHARDING, RECOMPUTE_CHAINS, Knobs, apply_knobs, groups, knob_axes
+from vramlens.plan.planner import prepare
+from vramlens.workload.options import LossImpl, Method, Offload, OptimizerName, Recompute, Shard
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "public_scenarios.jsonl"
 
@@ -169,3 +172,64 @@ def test_cheapest_change_of_a_fitting_run_is_no_change() -> None:
     answer = cheapest_change({"model": "qwen2.5-0.5b", "batch": 2, "grad_accum": 2, "seq": 512}, gpu="a100-80gb")
     assert answer is not None and answer.candidate.changes == () and answer.effects == ()
     assert answer.candidate.relative_step_time == 1.0
+
+
+def test_smallest_gpu_count_need_not_be_a_power_of_two() -> None:
+    """Qwen2.5-32B full fine-tune (32.8e9 parameters, 16 B each in mixed AdamW = 524 GB): on
+    A100-80GB it needs FSDP with CPU offload, which fits 3 GPUs but not 2 (planner output,
+    51 GiB per GPU on 3). Powers of two alone would answer 4; the refinement between the
+    first fitting power of two and half of it finds 3."""
+    user = {"model": "qwen2.5-32b", "batch": 1}
+    assert min_gpus(user, "a100-80gb") == 3
+    assert plan(user, gpu="a100-80gb", gpus=3, max_candidates=1).candidates
+    assert not plan(user, gpu="a100-80gb", gpus=2).candidates
+
+
+def test_a_user_on_the_fused_loss_is_not_offered_chunking() -> None:
+    """The loss axis must only lower the peak: fused linear cross-entropy never holds the
+    logits, chunked holds one chunk of them, so chunking is a step back from fused."""
+    user, _, _ = prepare({"model": "qwen2.5-3b", "loss": "fused-linear"}, gpu="a100-40gb", gpus=1)
+    group = groups(user, 1, allow_method_change=False)[0]
+    assert knob_axes(user, group)[1] == [LossImpl.FUSED_LINEAR]
+    user, _, _ = prepare({"model": "qwen2.5-3b", "loss": "chunked"}, gpu="a100-40gb", gpus=1)
+    assert knob_axes(user, group)[1] == [LossImpl.CHUNKED, LossImpl.FUSED_LINEAR]
+
+
+@pytest.mark.slow
+@settings(max_examples=25, deadline=None)
+@given(
+    model=st.sampled_from(["llama-3.2-1b", "qwen2.5-3b", "mixtral-8x7b", "gemma-2-2b"]),
+    gpus=st.sampled_from([1, 2, 8]),
+    loss=st.sampled_from(["auto", "chunked", "fused-linear"]),
+    optimizer=st.sampled_from(["adamw", "adamw-8bit", "adafactor"]),
+    data=st.data(),
+)
+def test_every_knob_step_never_raises_the_peak(model: str, gpus: int, loss: str, optimizer: str, data: Any) -> None:
+    """The search's pruning assumes each knob axis (a recompute chain) is ordered least memory-saving first: one
+    step along any axis never raises the estimated device peak. Checked on random points of
+    random groups against the estimator itself. (This test found that the step from one
+    micro-batch to gradient accumulation can raise it, and that selective recompute and full
+    checkpointing of every 4th layer are not ordered; the search now handles both.)"""
+    user, spec, device = prepare(
+        {"model": model, "loss": loss, "optimizer": optimizer, "batch": 4}, gpu="h100-80gb", gpus=gpus
+    )
+    group = data.draw(st.sampled_from(groups(user, gpus, allow_method_change=True)))
+    axes = knob_axes(user, group, data.draw(st.sampled_from(RECOMPUTE_CHAINS)))
+    point = [data.draw(st.integers(0, len(axis) - 1)) for axis in axes]
+
+    def peak(index: list[int]) -> int | None:
+        recompute, loss_, optimizer_, offload, micro = (axis[i] for axis, i in zip(axes, index, strict=True))
+        knobs = Knobs(recompute=recompute, loss=loss_, optimizer=optimizer_, offload=offload, micro_batch=micro)  # type: ignore[arg-type]
+        try:
+            return estimate_resolved(spec, apply_knobs(user, group, knobs), device).device_bytes
+        except InputError:
+            return None
+
+    here = peak(point)
+    for axis in range(len(axes)):
+        if here is None or point[axis] + 1 >= len(axes[axis]):
+            continue
+        if axis == len(axes) - 1 and point[axis] == 0:
+            continue  # into gradient accumulation: not monotone, searched apart (search_group)
+        step = peak([*point[:axis], point[axis] + 1, *point[axis + 1 :]])
+        assert step is None or step <= here, (axis, [a[i] for a, i in zip(axes, point, strict=True)], here, step)

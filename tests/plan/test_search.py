@@ -8,15 +8,19 @@ headroom rule, so a pruning bug that returned an implied-but-unestimated point w
 
 from __future__ import annotations
 
-import time
+import itertools
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vramlens.estimate import estimate
+from vramlens.errors import InputError
+from vramlens.estimate import estimate, estimate_resolved
 from vramlens.plan import plan
+from vramlens.plan.candidates import Knobs, apply_knobs, groups, knob_axes
+from vramlens.plan.model import workload_changes
+from vramlens.plan.planner import default_time_model, prepare
 from vramlens.plan.search import Evaluated, pareto
 from vramlens.report.model import MemoryReport
 from vramlens.workload.load import workload_to_dict
@@ -104,11 +108,60 @@ def test_max_candidates_caps_the_list() -> None:
     assert [c.changes for c in capped.candidates] == [c.changes for c in full.candidates[:2]]
 
 
-def test_five_thousand_candidates_in_two_seconds() -> None:
-    """Issue 8: a full plan over >= 5,000 candidate configurations takes <= 2 s (the model is
-    loaded once; pruned groups cost one estimate)."""
-    start = time.perf_counter()
+def test_pruning_estimates_a_fraction_of_what_it_covers() -> None:
+    """Issue 8's speed target (>= 5,000 configurations in <= 2 s) rests on the pruning: a plan
+    over 21,600 configurations of a 70B run on 8 GPUs estimates a small fraction of them (each
+    estimate ~0.15 ms). The timing itself is printed by benchmarks/plan_speed.py."""
     result = plan({"model": "llama-3.1-70b"}, gpu="a100-80gb", gpus=8)
-    elapsed = time.perf_counter() - start
     assert result.considered >= 5000
-    assert elapsed <= 2.0, f"{result.considered} candidates took {elapsed:.2f} s"
+    assert result.estimated * 10 <= result.considered, (result.estimated, result.considered)
+
+
+def _exhaustive(
+    workload: dict[str, Any], gpu: str, gpus: int, headroom: float
+) -> list[tuple[int, float, frozenset[Any]]]:
+    """Every configuration of the planner's search space, estimated one by one (no pruning):
+    (device peak, step seconds, the set of (key, new value) changes) of those that fit."""
+    user, spec, device = prepare(workload, gpu=gpu, gpus=gpus)
+    found = []
+    for group in groups(user, gpus, allow_method_change=False):
+        for recompute, loss, optimizer, offload, micro in itertools.product(*knob_axes(user, group)):
+            knobs = Knobs(recompute=recompute, loss=loss, optimizer=optimizer, offload=offload, micro_batch=micro)  # type: ignore[arg-type]
+            try:
+                candidate = apply_knobs(user, group, knobs)
+                report = estimate_resolved(spec, candidate, device)
+            except InputError:
+                continue
+            if report.capacity_bytes is not None and report.device_bytes <= report.capacity_bytes * (1 - headroom):
+                changes = frozenset((k, str(new)) for k, _, new in workload_changes(user, candidate))
+                found.append((report.device_bytes, default_time_model(candidate, report), changes))
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("workload", "gpu", "gpus"),
+    [
+        ({"model": "llama-3.2-1b", "batch": 8, "seq": 4096}, "rtx-4090", 1),
+        ({"model": "llama-3.1-8b"}, "a100-80gb", 1),
+        ({"model": "llama-3.1-8b", "batch": 2, "grad_accum": 2}, "a100-80gb", 2),
+        ({"model": "qwen2.5-3b", "loss": "fused-linear"}, "a100-40gb", 1),
+        ({"model": "qwen2.5-3b", "recompute": "full", "optimizer": "adamw-8bit"}, "rtx-4090", 1),
+    ],
+)
+def test_top5_is_not_dominated_by_any_configuration_of_the_space(workload: dict[str, Any], gpu: str, gpus: int) -> None:
+    """Against an exhaustive search (every point of every group estimated, no pruning): no
+    top-5 entry is dominated by a fitting configuration that is at least as small and as fast
+    (strictly better in one) while making only a subset of the entry's changes. (With more
+    changes it is not dominated: the planner prices 8-bit state and chunked losses as free in
+    time, yet they change the numerics, so the tie goes to the configuration with fewer changes.)"""
+    space = _exhaustive(workload, gpu, gpus, 0.1)
+    result = plan(workload, gpu=gpu, gpus=gpus)
+    assert result.candidates and len(space) >= len(result.candidates)
+    for entry in result.candidates[:5]:
+        peak, seconds = entry.report.device_bytes, entry.step_seconds
+        changes = frozenset((k, str(new)) for k, _, new in entry.changes)
+        better = [
+            p for p in space if p[0] <= peak and p[1] <= seconds and (p[0] < peak or p[1] < seconds) and p[2] <= changes
+        ]
+        assert not better, (entry.changes, better[:3])

@@ -25,8 +25,9 @@ __all__ = ["ChangeEffect", "CheapestChange", "cheapest_change", "min_gpus"]
 def min_gpus(
     workload: Source, gpu: str | None = None, *, headroom: float = 0.10, allow_method_change: bool = False
 ) -> int | None:
-    """The smallest number of ``gpu`` (a power of two up to 1024) on which some configuration
-    the planner tries fits with ``headroom``; None if not even 1024 do."""
+    """The smallest number of ``gpu`` on which some configuration the planner tries fits with
+    ``headroom`` (see :func:`vramlens.plan.planner.smallest_gpus`: 1-8, then whole 8-GPU nodes,
+    up to 1024); None if not even 1024 do."""
     user, spec, device = prepare(workload, gpu=gpu, gpus=1)
     return smallest_gpus(spec, user, device, headroom=headroom, method_change=allow_method_change)
 

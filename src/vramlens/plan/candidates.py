@@ -5,8 +5,9 @@ and the parallel layout (tp, pp, data-parallel strategy, shard group). Inside a 
 *knob* is an ordered axis, least memory-saving first:
 
 ======================  =================================================================
-recompute               none, selective, full every 4th layer, every 2nd, every layer, offload
-loss                    the user's, chunked, fused-linear (Liger / torchtune-style)
+recompute               none, full every 4th layer, every 2nd, every layer, offload; and
+                        none, selective, full every layer, offload (two chains)
+loss                    the user's, then the more saving of chunked, fused-linear (Liger)
 optimizer               the user's; for AdamW also adamw-8bit, paged-adamw-8bit (bitsandbytes)
 offload                 none, optimizer, optimizer+params (only where the strategy allows it)
 micro-batch             the samples per data-parallel rank (the user's global batch over the
@@ -37,6 +38,7 @@ Decisions (documented in the README's planner section):
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -52,12 +54,20 @@ from vramlens.workload.options import (
 )
 from vramlens.workload.spec import Parallelism, Workload
 
-__all__ = ["Group", "Knobs", "apply_knobs", "groups", "knob_axes", "layouts", "per_rank_samples"]
+__all__ = ["RECOMPUTE_CHAINS", "Group", "Knobs", "apply_knobs", "groups", "knob_axes", "layouts", "per_rank_samples"]
 
 #: Largest tensor-parallel degree offered: TP all-reduces every layer and belongs inside one
 #: NVLink domain of 8 GPUs (Megatron-LM paper, Narayanan et al. 2021, section 3.3).
 MAX_TP = 8
-#: Recompute settings, least memory-saving first: (policy, every k-th layer).
+#: Recompute settings: (policy, every k-th layer), in two chains, each least memory-saving
+#: first. Selective recompute (attention internals only) and full checkpointing of every 4th or
+#: 2nd layer are not ordered against each other (Gemma-2-2B, eager attention, one H100: 117.7 GB
+#: selective, 133.8 GB full every 4th), so the search walks each chain on its own.
+RECOMPUTE_CHAINS: tuple[tuple[tuple[Recompute, int], ...], ...] = (
+    ((Recompute.NONE, 1), (Recompute.FULL, 4), (Recompute.FULL, 2), (Recompute.FULL, 1), (Recompute.OFFLOAD, 1)),
+    ((Recompute.NONE, 1), (Recompute.SELECTIVE, 1), (Recompute.FULL, 1), (Recompute.OFFLOAD, 1)),
+)
+#: Every recompute setting the planner tries (the union of the chains).
 RECOMPUTE_ORDER: tuple[tuple[Recompute, int], ...] = (
     (Recompute.NONE, 1),
     (Recompute.SELECTIVE, 1),
@@ -66,6 +76,9 @@ RECOMPUTE_ORDER: tuple[tuple[Recompute, int], ...] = (
     (Recompute.FULL, 1),
     (Recompute.OFFLOAD, 1),
 )
+#: Loss paths, least memory-saving first: full fp32 logits, chunked cross-entropy, fused
+#: linear + cross-entropy (logits never whole).
+LOSS_ORDER = (LossImpl.FULL, LossImpl.CHUNKED, LossImpl.FUSED_LINEAR)
 #: 8-bit alternatives offered to an AdamW user (bitsandbytes' blockwise 8-bit state).
 ADAMW_FAMILY = (OptimizerName.ADAMW, OptimizerName.PAGED_ADAMW)
 EIGHT_BIT = (OptimizerName.ADAMW_8BIT, OptimizerName.PAGED_ADAMW_8BIT)
@@ -178,21 +191,38 @@ def _micro_batches(user: Workload, parallel: Parallelism) -> list[int]:
     return sorted(options, reverse=True)
 
 
-def knob_axes(user: Workload, group: Group) -> tuple[list[object], ...]:
-    """The group's ordered knob axes: recompute, loss, optimizer, offload, micro-batch."""
-    losses = [user.loss] + [x for x in (LossImpl.CHUNKED, LossImpl.FUSED_LINEAR) if x is not user.loss]
+def _more_saving_losses(loss: LossImpl) -> list[LossImpl]:
+    """The loss paths that save more memory than ``loss`` (``auto`` counts as full logits), in
+    :data:`LOSS_ORDER`: an axis must only lower the peak, so a user already on the fused
+    path is not offered chunking."""
+    rank = LOSS_ORDER.index(loss) if loss in LOSS_ORDER else 0
+    return list(LOSS_ORDER[rank + 1 :])
+
+
+def knob_axes(
+    user: Workload, group: Group, recompute: tuple[tuple[Recompute, int], ...] = RECOMPUTE_ORDER
+) -> tuple[list[object], ...]:
+    """The group's knob axes: recompute (one of :data:`RECOMPUTE_CHAINS` is ordered; the default,
+    every setting, is not), loss, optimizer, offload, micro-batch."""
+    losses = [user.loss, *_more_saving_losses(user.loss)]
     optimizers: list[OptimizerName] = [user.optimizer]
     if user.optimizer in ADAMW_FAMILY:
         optimizers.extend(EIGHT_BIT)
     elif user.optimizer is OptimizerName.ADAMW_8BIT:
         optimizers.append(OptimizerName.PAGED_ADAMW_8BIT)
     return (
-        list(RECOMPUTE_ORDER),
+        list(recompute),
         list(losses),
         list(optimizers),
         list(_offloads(group.parallel)),
         list(_micro_batches(user, group.parallel)),
     )
+
+
+@functools.lru_cache(maxsize=4096)
+def _with_offload(parallel: Parallelism, offload: Offload) -> Parallelism:
+    """``parallel`` with ``offload`` (cached: a group has at most three, built once each)."""
+    return dataclasses.replace(parallel, offload=offload)
 
 
 def apply_knobs(user: Workload, group: Group, knobs: Knobs) -> Workload:
@@ -204,7 +234,7 @@ def apply_knobs(user: Workload, group: Group, knobs: Knobs) -> Workload:
         method=group.method,
         quant=group.quant,
         precision=group.precision,
-        parallel=dataclasses.replace(group.parallel, offload=knobs.offload),
+        parallel=_with_offload(group.parallel, knobs.offload),
         recompute=recompute,
         recompute_every=every if recompute is Recompute.FULL else user.recompute_every,
         loss=knobs.loss,

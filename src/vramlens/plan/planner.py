@@ -32,9 +32,12 @@ from vramlens.workload.spec import Workload
 __all__ = ["default_time_model", "plan", "prepare", "smallest_gpus"]
 
 Source = Workload | Mapping[str, Any] | str | os.PathLike[str]
-#: GPU counts tried when looking for the smallest setup that fits (powers of two: every tp/pp
-#: degree the planner offers divides them).
+#: GPU counts tried first when looking for the smallest setup that fits (powers of two: every
+#: tp/pp degree the planner offers divides them); the counts between the first that fits and
+#: half of it are then tried too (see :func:`smallest_gpus`).
 GPU_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+#: GPUs per node: beyond one node, setups grow by whole nodes (DGX/HGX A100 and H100 have 8).
+NODE_GPUS = 8
 
 
 def default_time_model(workload: Workload, report: MemoryReport) -> float:
@@ -98,11 +101,22 @@ def any_fits(spec: ModelSpec, user: Workload, gpu: GpuSpec, gpus: int, *, headro
 def smallest_gpus(
     spec: ModelSpec, user: Workload, gpu: GpuSpec, *, headroom: float, method_change: bool, start: int = 1
 ) -> int | None:
-    """The smallest count in :data:`GPU_COUNTS` (>= start) on which some configuration fits."""
-    for count in (n for n in GPU_COUNTS if n >= start):
-        if any_fits(spec, user, gpu, count, headroom=headroom, method_change=method_change):
-            return count
-    return None
+    """The smallest GPU count (>= start) on which some configuration fits, or None.
+
+    Powers of two (:data:`GPU_COUNTS`) first; below the first that fits, every count down to
+    half of it is tried too, one by one up to a node (:data:`NODE_GPUS`) and by whole nodes
+    beyond (3 or 6 GPUs can fit where 2 or 4 do not; 24 where 16 do not). Not exhaustive below
+    that: a count that fits only through batch divisibility (e.g. 3 GPUs where 4 fail) is missed.
+    """
+
+    def fits(count: int) -> bool:
+        return any_fits(spec, user, gpu, count, headroom=headroom, method_change=method_change)
+
+    found = next((n for n in GPU_COUNTS if n >= start and fits(n)), None)
+    if found is None:
+        return None
+    between = (n for n in range(max(found // 2 + 1, start), found) if n <= NODE_GPUS or n % NODE_GPUS == 0)
+    return next((n for n in between if fits(n)), found)
 
 
 def _impossible(spec: ModelSpec, user: Workload, gpu: GpuSpec, *, headroom: float, allow_method_change: bool) -> str:

@@ -2,13 +2,14 @@
 
 For each structural group (:mod:`vramlens.plan.candidates`) the search first estimates the most
 memory-saving point of the knob grid; if even that does not fit, the whole group is skipped
-(monotonicity: every knob axis only lowers the peak). Otherwise it finds the *fitting
-frontier*: the fitting points with no fitting point one step less memory-saving on any axis.
-Points beyond the frontier are implied to fit and are not estimated: they would only use less
-memory and (by the same step) more time, and the requested headroom already is the user's
-memory margin. (Where the time model prices a step as free, e.g. 8-bit optimizer state or a
-chunked loss, the tie goes to the configuration with fewer changes.) The micro-batch axis is bisected per choice of the other axes, bounded by what
-the less memory-saving neighbours already found. Every kept point was estimated on its own.
+(monotonicity: every knob axis only lowers the peak, checked by a property test; the one
+exception, the step into gradient accumulation, is searched apart: see :func:`search_group`). Otherwise it
+finds the *fitting frontier* (:mod:`vramlens.plan.grid`): the fitting points with no fitting
+point one step less memory-saving on any axis. Points beyond the frontier are implied to fit
+and are not estimated: they only use less memory and, by the same step, as much time or more
+(where the time model prices a step as free, e.g. 8-bit optimizer state or a chunked loss, the
+tie goes to the configuration with fewer changes: those change the numerics). Every kept point
+was estimated on its own.
 
 Kept points are then timed (``time_model``), points dominated in (device peak, step time) are
 dropped, and the rest are returned fastest first. Fits means ``device peak <= capacity x
@@ -20,7 +21,7 @@ a configuration costs one estimate (~0.15 ms) plus, if kept, one time estimate.
 from __future__ import annotations
 
 import dataclasses
-import itertools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -28,7 +29,8 @@ from vramlens.errors import InputError
 from vramlens.estimate import estimate_resolved
 from vramlens.hardware import GpuSpec
 from vramlens.model.spec import ModelSpec
-from vramlens.plan.candidates import Group, Knobs, apply_knobs, groups, knob_axes
+from vramlens.plan.candidates import RECOMPUTE_CHAINS, Group, Knobs, apply_knobs, groups, knob_axes
+from vramlens.plan.grid import minimal_fitting
 from vramlens.report.model import MemoryReport
 from vramlens.workload.spec import Workload
 
@@ -100,22 +102,27 @@ def _fits(
 def fits_at_most_saving(
     spec: ModelSpec, user: Workload, group: Group, gpu: GpuSpec, headroom: float, counter: _Counter | None = None
 ) -> bool:
-    """Whether ``group`` fits at the most memory-saving point of its knob grid (if not, no point
-    of the group fits: every knob axis only lowers the peak)."""
-    top = tuple(axis[-1] for axis in knob_axes(user, group))
-    return _fits(spec, gpu, headroom, _build(user, group, top), counter or _Counter()) is not None
+    """Whether ``group`` fits at the most memory-saving point of its knob grid, with or without
+    gradient accumulation (if neither fits, no point of the group does: see :func:`search_group`)."""
+    return any(_ends_fit(spec, user, group, gpu, headroom, counter or _Counter()))
 
 
-def _first_fitting(fits: Callable[[int], bool], high: int) -> int:
-    """The smallest index in [0, high] that fits, given that ``high`` fits (monotone axis)."""
-    low = -1  # invariant: low does not fit (or is -1), high fits
-    while high - low > 1:
-        middle = (low + high) // 2
-        if fits(middle):
-            high = middle
-        else:
-            low = middle
-    return high
+def _ends_fit(
+    spec: ModelSpec, user: Workload, group: Group, gpu: GpuSpec, headroom: float, counter: _Counter
+) -> tuple[bool, bool]:
+    """At the most memory-saving column: (the smallest micro-batch fits, one micro-batch with
+    no gradient accumulation fits)."""
+    *heads, micro = knob_axes(user, group)
+    top = tuple(axis[-1] for axis in heads)
+    smallest = _fits(spec, gpu, headroom, _build(user, group, (*top, micro[-1])), counter) is not None
+    if len(micro) == 1:
+        return smallest, smallest
+    return smallest, _fits(spec, gpu, headroom, _build(user, group, (*top, micro[0])), counter) is not None
+
+
+#: The order in which a group's no-accumulation points are searched: the head axes with
+#: recompute (the longest) moved last, so that it is the bisected axis.
+SINGLE_ORDER = (1, 2, 3, 0)
 
 
 def search_group(
@@ -126,41 +133,63 @@ def search_group(
     headroom: float,
     counter: _Counter,
 ) -> tuple[list[tuple[Workload, MemoryReport]], int]:
-    """The fitting frontier of one group, and how many grid points it covered.
+    """The fitting frontier of one group (:func:`vramlens.plan.grid.minimal_fitting`), and how
+    many grid points it covered.
 
-    The last axis (micro-batch) is searched by bisection in each *column* (a choice of the
-    other axes); a column's first fitting index is at most that of every column one step
-    less memory-saving on one axis (monotonicity), and its first fitting point is on the
-    frontier only if it is strictly earlier than in each of those columns.
+    The micro-batch axis has two parts. Index 0 runs the rank's samples as one micro-batch (no
+    gradient accumulation): gradients do not exist yet when backward starts, so its peak may be
+    *below* that of a smaller micro-batch that accumulates, whose gradients from the previous
+    micro-batch sit beside the activations (Mixtral-8x7B on one GPU: 848 GiB at 4x1, 933 GiB
+    at 2x2). So the no-accumulation points form their own monotone grid (recompute, loss,
+    optimizer, offload) and the accumulating ones (indices 1..) another; each is searched
+    only if its most memory-saving point fits, once per recompute chain
+    (:data:`~vramlens.plan.candidates.RECOMPUTE_CHAINS`; a point both chains reach is
+    estimated once).
     """
-    axes = knob_axes(user, group)
-    *heads, last = axes
-    total = len(last)
-    for axis in heads:
-        total *= len(axis)
-    if not fits_at_most_saving(spec, user, group, gpu, headroom, counter):
-        return [], total
-    first: dict[tuple[int, ...], int] = {}  # column -> first fitting micro-batch index (len(last): none)
-    reports: dict[tuple[tuple[int, ...], int], tuple[Workload, MemoryReport]] = {}
-    frontier: list[tuple[Workload, MemoryReport]] = []
-    for column in sorted(itertools.product(*(range(len(a)) for a in heads)), key=sum):
-        before = [(*column[:i], column[i] - 1, *column[i + 1 :]) for i in range(len(column)) if column[i]]
-        bound = min((first[c] for c in before), default=len(last))
+    *heads, last = knob_axes(user, group)
+    total = len(last) * math.prod(len(axis) for axis in heads)
+    smallest, whole = _ends_fit(spec, user, group, gpu, headroom, counter)
+    found: dict[tuple[object, ...], tuple[Workload, MemoryReport] | None] = {}
 
-        def fits(index: int, column: tuple[int, ...] = column) -> bool:
-            point = (*tuple(a[i] for a, i in zip(heads, column, strict=True)), last[index])
-            workload = _build(user, group, point)
+    def fits(values: tuple[object, ...]) -> bool:
+        if values not in found:  # the chains share their first and last recompute settings
+            workload = _build(user, group, values)
             report = _fits(spec, gpu, headroom, workload, counter)
-            if report is not None and workload is not None:
-                reports[(column, index)] = (workload, report)
-            return report is not None
+            found[values] = (workload, report) if report is not None and workload is not None else None
+        return found[values] is not None
 
-        # most columns gain nothing over their predecessors: one estimate (bound - 1) shows it
-        found = _first_fitting(fits, bound - 1) if bound > 0 and fits(bound - 1) else bound
-        first[column] = found
-        if found < bound:  # nothing one step less memory-saving fits at this micro-batch
-            frontier.append(reports[(column, found)])
-    return frontier, total
+    frontier: dict[tuple[object, ...], None] = {}  # ordered set
+    for chain in RECOMPUTE_CHAINS:
+        heads[0] = list(chain)
+        frontier |= dict.fromkeys(_chain_frontier(heads, last, fits, smallest=smallest, whole=whole))
+    return [point for values in frontier if (point := found[values]) is not None], total
+
+
+def _chain_frontier(
+    heads: list[list[object]],
+    last: list[object],
+    fits: Callable[[tuple[object, ...]], bool],
+    *,
+    smallest: bool,
+    whole: bool,
+) -> list[tuple[object, ...]]:
+    """The frontier of one recompute chain: its accumulating grid, then its no-accumulation grid."""
+
+    def accumulating(point: tuple[int, ...]) -> tuple[object, ...]:
+        return (*(axis[i] for axis, i in zip(heads, point[:-1], strict=True)), last[point[-1] + 1])
+
+    def single(point: tuple[int, ...]) -> tuple[object, ...]:
+        index = dict(zip(SINGLE_ORDER, point, strict=True))
+        return (*(axis[index[n]] for n, axis in enumerate(heads)), last[0])
+
+    values = []
+    if smallest and len(last) > 1:
+        sizes = (*(len(axis) for axis in heads), len(last) - 1)
+        values += [accumulating(p) for p in minimal_fitting(sizes, lambda p: fits(accumulating(p)))]
+    if whole:
+        sizes = tuple(len(heads[n]) for n in SINGLE_ORDER)
+        values += [single(p) for p in minimal_fitting(sizes, lambda p: fits(single(p)))]
+    return values
 
 
 def search(
