@@ -114,3 +114,33 @@ def test_progress_bar_appears_on_a_slow_search(
     monkeypatch.setattr(plan_cli, "PROGRESS_AFTER_S", -1.0)
     status_bar, shown, _ = run(args, capsys)
     assert status == status_bar == 0 and quiet == shown
+
+
+def test_cheapest_prints_the_steps_and_json_matches_the_api(capsys: pytest.CaptureFixture[str]) -> None:
+    from vramlens.plan import cheapest_change
+
+    args = ["plan", "llama-3.2-1b", "--batch", "16", "--seq", "4096", "--gpu", "rtx-4090", "--cheapest"]
+    status, out, err = run(args, capsys)
+    assert status == 0, err
+    assert out.startswith("cheapest change for llama-3.2-1b to fit 1 x rtx-4090")
+    assert "recompute: none -> full" in out and out.count(" yes ") == 1
+    status, out, err = run([*args, "--format", "json"], capsys)
+    assert status == 0, err
+    answer = cheapest_change({"model": "llama-3.2-1b", "batch": 16, "seq": 4096}, gpu="rtx-4090", gpus=1)
+    assert answer is not None
+    assert json.loads(out)["cheapest"] == json.loads(json.dumps(answer.to_dict()))
+
+
+def test_min_gpus_answers_in_table_and_json(capsys: pytest.CaptureFixture[str]) -> None:
+    from vramlens.plan import min_gpus
+
+    expected = min_gpus({"model": "qwen2.5-32b", "batch": 1}, "a100-80gb")
+    status, out, err = run(["plan", "qwen2.5-32b", "--batch", "1", "--gpu", "a100-80gb", "--min-gpus"], capsys)
+    assert status == 0, err
+    assert out.strip() == f"smallest number of a100-80gb that fits with 10% headroom: {expected}"
+    status, out, _ = run(
+        ["plan", "qwen2.5-32b", "--batch", "1", "--gpu", "a100-80gb", "--min-gpus", "--format", "json"], capsys
+    )
+    assert json.loads(out) == {"gpu": "a100-80gb", "headroom": 0.1, "min_gpus": expected}
+    status, _, err = run(["plan", "qwen2.5-32b", "--gpu", "a100-80gb", "--min-gpus", "--cheapest"], capsys)
+    assert status != 0 and "--cheapest, --min-gpus: give one of them" in err and "Traceback" not in err

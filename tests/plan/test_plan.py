@@ -16,10 +16,12 @@ from hypothesis import strategies as st
 
 from vramlens.errors import InputError
 from vramlens.estimate import estimate, estimate_resolved
+from vramlens.estimate.time import step_time
 from vramlens.model.resolve import model_from_config
 from vramlens.plan import cheapest_change, min_gpus, plan
 from vramlens.plan.candidates import PARAM_SHARDING, RECOMPUTE_CHAINS, Knobs, apply_knobs, groups, knob_axes
 from vramlens.plan.planner import prepare
+from vramlens.workload.load import load_workload
 from vramlens.workload.options import LossImpl, Method, Offload, OptimizerName, Recompute, Shard
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "public_scenarios.jsonl"
@@ -133,16 +135,31 @@ def test_seed_004_control_plan_recomputes_or_lowers_precision() -> None:
     assert any(ch.get("recompute") in ("selective", "full", "offload") for ch in changed)
 
 
-def test_cheapest_change_reports_each_change() -> None:
-    """The cheapest change fits with the fewest changes; each change alone is re-estimated."""
-    answer = cheapest_change({"model": "llama-3.2-1b", "batch": 16, "seq": 4096}, gpu="rtx-4090", gpus=1)
+def test_cheapest_change_is_a_path_of_steps_ending_at_the_entry() -> None:
+    """The cheapest change fits with the fewest changes of any entry; its steps apply those
+    changes one family at a time, each step's saving is the drop in peak from the step
+    before (re-estimated here), and the last step is the entry itself, which fits."""
+    user = {"model": "llama-3.2-1b", "batch": 16, "seq": 4096, "gpu": "rtx-4090"}
+    answer = cheapest_change(user, gpus=1)
     assert answer is not None
-    fewest = min(
-        len(c.changes) for c in plan({"model": "llama-3.2-1b", "batch": 16, "seq": 4096}, gpu="rtx-4090").candidates
-    )
+    fewest = min(len(c.changes) for c in plan(user, gpus=1).candidates)
     assert len(answer.candidate.changes) == fewest >= 1
-    assert [e.key for e in answer.effects] == [k for k, _, _ in answer.candidate.changes]
-    assert any(e.saved_bytes is not None and e.saved_bytes > 0 for e in answer.effects)
+    steps = answer.steps
+    assert sorted(c for s in steps for c in s.changes) == sorted(answer.candidate.changes)
+    assert steps[-1].fits and steps[-1].peak_bytes == answer.candidate.report.device_bytes
+    own = estimate(user).device_bytes
+    assert sum(s.saved_bytes for s in steps) == own - steps[-1].peak_bytes
+    current = dict(user)
+    for step in steps:  # re-apply step by step through the public estimate
+        for key, _, new in step.changes:
+            block, _, name = key.rpartition(".")
+            if block:
+                current[block] = {**current.get(block, {}), name: new}
+            else:
+                current[name] = new
+        assert estimate(current).device_bytes == step.peak_bytes
+    yours = step_time(load_workload(user)).seconds  # time factors are relative to the user's run
+    assert steps[-1].time_factor == pytest.approx(answer.candidate.step_seconds / yours)
 
 
 def test_user_config_that_fits_is_the_reference() -> None:
@@ -171,7 +188,7 @@ def test_plan_needs_a_gpu_and_training() -> None:
 def test_cheapest_change_of_a_fitting_run_is_no_change() -> None:
     """A run that already fits needs nothing: the cheapest change is the run itself."""
     answer = cheapest_change({"model": "qwen2.5-0.5b", "batch": 2, "grad_accum": 2, "seq": 512}, gpu="a100-80gb")
-    assert answer is not None and answer.candidate.changes == () and answer.effects == ()
+    assert answer is not None and answer.candidate.changes == () and answer.steps == ()
     assert answer.candidate.relative_step_time == 1.0
 
 

@@ -147,6 +147,7 @@ def _exhaustive(
         ({"model": "llama-3.1-8b", "batch": 2, "grad_accum": 2}, "a100-80gb", 2),
         ({"model": "qwen2.5-3b", "loss": "fused-linear"}, "a100-40gb", 1),
         ({"model": "qwen2.5-3b", "recompute": "full", "optimizer": "adamw-8bit"}, "rtx-4090", 1),
+        ({"model": "gemma-2-2b", "batch": 8, "seq": 4096, "optimizer": "adafactor"}, "h100-80gb", 2),
     ],
 )
 def test_top5_is_not_dominated_by_any_configuration_of_the_space(workload: dict[str, Any], gpu: str, gpus: int) -> None:

@@ -103,6 +103,10 @@ def _show(result: Any, fmt: str) -> None:
 @click.option("--top", type=int, default=10, show_default=True, help="Show the N best configurations.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Also draw memory vs time (.png/.svg).")
+@click.option(
+    "--cheapest", is_flag=True, help="Show the entry with the fewest changes as steps from your settings instead."
+)
+@click.option("--min-gpus", is_flag=True, help="Show the smallest number of these GPUs on which something fits.")
 @with_workload_options
 def plan_command(
     model: str | None,
@@ -112,6 +116,8 @@ def plan_command(
     top: int,
     fmt: str,
     plot_path: str | None,
+    cheapest: bool,
+    min_gpus: bool,
     **options: Any,
 ) -> None:
     """Find training configurations of MODEL that fit the GPUs, fastest first."""
@@ -120,8 +126,13 @@ def plan_command(
 
     if top < 1:
         raise InputError(f"--top: must be an integer >= 1, got {top}")
+    if cheapest and min_gpus:
+        raise InputError("--cheapest, --min-gpus: give one of them")
     base, overrides = workload_arguments(model, config, options, command="plan")
     workload = load_workload(base, _default_ddp(base, overrides))
+    if cheapest or min_gpus:
+        _answer(workload, fmt, headroom=headroom, allow_method_change=allow_method_change, cheapest=cheapest)
+        return
     progress = _LazyProgress()
     try:
         result = plan(
@@ -154,3 +165,48 @@ def _default_ddp(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, A
     if gpus > split:
         return {**overrides, "parallel": {**flags, "shard": "ddp"}}
     return overrides
+
+
+def _answer(workload: Any, fmt: str, *, headroom: float, allow_method_change: bool, cheapest: bool) -> None:
+    """``--cheapest`` (the fewest changes, step by step) or ``--min-gpus``."""
+    from vramlens.plan import cheapest_change, min_gpus
+
+    gpu = workload.gpu
+    if not cheapest:
+        count = min_gpus(workload, headroom=headroom, allow_method_change=allow_method_change)
+        if fmt == "json":
+            click.echo(json.dumps({"gpu": gpu, "headroom": headroom, "min_gpus": count}))
+        else:
+            click.echo(f"smallest number of {gpu} that fits with {headroom:.0%} headroom: {count or 'more than 1024'}")
+        return
+    progress = _LazyProgress()
+    try:
+        answer = cheapest_change(
+            workload, headroom=headroom, allow_method_change=allow_method_change, progress=progress
+        )
+    finally:
+        progress.close()
+    if fmt == "json":
+        click.echo(json.dumps({"cheapest": answer.to_dict() if answer is not None else None}, indent=2))
+    elif answer is None:
+        click.echo(f"nothing fits {workload.parallel.gpus} x {gpu}; see vramlens plan for the smallest setup that does")
+    else:
+        name = workload.model if isinstance(workload.model, str) else workload.model.name
+        count = len(answer.candidate.changes)
+        click.echo(f"cheapest change for {name} to fit {workload.parallel.gpus} x {gpu}: {count} setting(s)")
+        for line in _steps_table(answer):
+            click.echo(line)
+
+
+def _steps_table(answer: Any) -> list[str]:
+    if not answer.steps:
+        return ["your configuration already fits: no change needed"]
+    lines = [f"{'step':<14} {'peak/GPU':>10}  {'saved':>9}  {'time':>6}  fits  changes"]
+    for step in answer.steps:
+        changes = ", ".join(f"{k}: {old} -> {new}" for k, old, new in step.changes)
+        lines.append(
+            f"{step.name:<14} {step.peak_bytes / GiB:>6.1f} GiB  {step.saved_bytes / GiB:>5.1f} GiB"
+            f"  {step.time_factor:>5.2f}x  {'yes' if step.fits else 'no ':<4}  {changes}"
+        )
+    lines.append("time: step time relative to your configuration (a ranking model, not a promise)")
+    return lines

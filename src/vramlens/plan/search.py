@@ -144,7 +144,10 @@ def search_group(
     optimizer, offload) and the accumulating ones (indices 1..) another; each is searched
     only if its most memory-saving point fits, once per recompute chain
     (:data:`~vramlens.plan.candidates.RECOMPUTE_CHAINS`; a point both chains reach is
-    estimated once).
+    estimated once). Each accumulating frontier point's no-accumulation twin (same knobs, the
+    rank's samples in one micro-batch) is estimated too and kept when it fits: it is faster,
+    and where gradients outweigh the extra activations also smaller, so it can dominate a
+    frontier point while lying beyond its own grid's frontier.
     """
     *heads, last = knob_axes(user, group)
     total = len(last) * math.prod(len(axis) for axis in heads)
@@ -162,6 +165,9 @@ def search_group(
     for chain in RECOMPUTE_CHAINS:
         heads[0] = list(chain)
         frontier |= dict.fromkeys(_chain_frontier(heads, last, fits, smallest=smallest, whole=whole))
+    if whole:  # an accumulating point's no-accumulation twin is faster; it may also be smaller
+        twins = [(*values[:-1], last[0]) for values in frontier if values[-1] != last[0]]
+        frontier |= dict.fromkeys(twin for twin in twins if fits(twin))
     return [point for values in frontier if (point := found[values]) is not None], total
 
 
