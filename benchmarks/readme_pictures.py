@@ -10,7 +10,10 @@ and ``[hf]`` extras; nothing is downloaded). It writes:
   tokens: 19.3M parameters, random weights) run on the CPU under ``vramlens.track(model, optimizer,
   ids)``; the timeline is saved as ``.npz`` (over its event numbers rather than its nanoseconds, as
   memory_viz draws it: wall-clock time on a shared CPU is stretched by whatever else runs) and drawn
-  by ``vramlens view run.npz --plot ...``.
+  by ``vramlens view run.npz --plot ...``;
+* ``rlhf_grpo_7b.png`` and ``rlhf_ppo_70b.png``: the README's two ``vramlens rlhf`` commands
+  (:data:`RLHF_COMMANDS`), drawn with ``--plot`` (core install plus ``[plot]``; ``--rlhf-only``
+  makes just these two, without torch).
 
 It prints each file's size (the README keeps each under 200 KB: 72 and 78 KB on 2026-11-22). Two
 runs here wrote identical files: the bytes and the order of a CPU step's events do not vary.
@@ -42,6 +45,17 @@ CONFIG: dict[str, Any] = {
     "tie_word_embeddings": False,
 }
 BATCH, SEQ, STEPS = 4, 256, 2
+#: The README's ``vramlens rlhf`` examples: GRPO of a 7B on one 80 GB GPU, PPO of a 70B on eight.
+RLHF_COMMANDS: dict[str, tuple[str, ...]] = {
+    "rlhf_grpo_7b.png": (
+        "--algo", "grpo", "--actor", "qwen2.5-7b", "--method", "lora", "--micro-batch", "2",
+        "--gpus", "1", "--gpu", "h100-80gb",
+    ),
+    "rlhf_ppo_70b.png": (
+        "--algo", "ppo", "--actor", "llama-3.1-70b", "--method", "lora", "--critic", "llama-3.1-8b",
+        "--reward", "llama-3.1-8b", "--gpus", "8", "--tp", "8", "--gpu", "h100-80gb",
+    ),
+}  # fmt: skip
 MODEL_NAME = "llama-19m (CPU, fp32, AdamW)"
 
 
@@ -83,8 +97,17 @@ def tracked_run(path: Path) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "images")
-    out = parser.parse_args().out.resolve()
+    parser.add_argument("--rlhf-only", action="store_true", help="only the two RLHF pictures (no torch needed)")
+    args = parser.parse_args()
+    out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
+    pictures = []
+    for name, flags in RLHF_COMMANDS.items():
+        pictures.append(out / name)
+        vramlens("rlhf", *flags, "--no-timeline", "--plot", str(pictures[-1]))
+    if args.rlhf_only:
+        _sizes(pictures)
+        return
     estimate = out / "estimate-llama-3.1-8b.png"
     flags = ["--method", "lora", "--recompute", "full", "--gpu", "a100-80gb"]
     vramlens("estimate", "llama-3.1-8b", *flags, "--plot", str(estimate))
@@ -92,7 +115,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         run = tracked_run(Path(folder) / "run.npz")
         vramlens("view", str(run), "--plot", str(measured))
-    for picture in (estimate, measured):
+    _sizes([*pictures, estimate, measured])
+
+
+def _sizes(pictures: list[Path]) -> None:
+    for picture in pictures:
         print(
             f"{picture.relative_to(ROOT) if picture.is_relative_to(ROOT) else picture}: {picture.stat().st_size / 1000:.0f} KB"
         )

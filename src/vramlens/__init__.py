@@ -46,6 +46,7 @@ from vramlens.model import (
 )
 from vramlens.plan import Plan, plan
 from vramlens.report.model import MemoryReport, PhaseMemory, ServingCapacity, Term
+from vramlens.rlhf import RlhfSetup, load_rlhf, rlhf_estimate
 from vramlens.simulate import SimulationError, simulate, simulate_module
 from vramlens.snapshot import Snapshot, load_snapshot
 from vramlens.trace import Timeline, load_timeline, save_timeline, track
@@ -87,6 +88,7 @@ __all__ = [
     "QKNorm",
     "QuantMethod",
     "QuantizationSpec",
+    "RlhfSetup",
     "ServingCapacity",
     "SimulationError",
     "Snapshot",
@@ -104,6 +106,7 @@ __all__ = [
     "format_count",
     "gpu_table",
     "load_model",
+    "load_rlhf",
     "load_snapshot",
     "load_timeline",
     "load_workload",
@@ -116,6 +119,7 @@ __all__ = [
     "profile_step",
     "read_checkpoint",
     "resolve_gpu",
+    "rlhf_estimate",
     "save_timeline",
     "simulate",
     "simulate_module",

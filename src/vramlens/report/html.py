@@ -42,7 +42,7 @@ from vramlens.report.series import DEFAULT_POINTS, StackedSeries, report_series
 from vramlens.trace.timeline import CATEGORY_ORDER, Timeline
 from vramlens.units import format_bytes
 
-__all__ = ["CSP", "embed_json", "render_html", "save_html"]
+__all__ = ["CSP", "asset", "chart_section", "embed_json", "page", "render_html", "save_html"]
 
 #: The page may load nothing: scripts and styles are inline, images only ``data:``.
 CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:"
@@ -80,19 +80,26 @@ def render_html(
         raise InputError(f"max_points: {max_points}; accepted: an integer >= 2")
     details = details or {}
     series = report_series(report, max_points=max_points)
-    css_lib, css_own, js_lib, js_own = (_asset(name) for name in _ASSETS)
-    title = f"vramlens: {report.model} ({report.engine})"
     body = [
         _header(report, series),
-        _chart_section(series),
+        chart_section(series),
         _breakdown_section(report),
         _phases_section(report),
         _allocations_section(details.get("top_allocations")),
         _modules_section(details.get("modules")),
         _inputs_section(report.workload_dict),
         _assumptions_section(report.assumptions),
-        f"<footer>Made by vramlens {_e(__version__)}; chart drawn with uPlot 1.6.32 (MIT license, inlined).</footer>",
     ]
+    return page(f"vramlens: {report.model} ({report.engine})", body, _payload(report, series))
+
+
+def page(title: str, body: Sequence[str], payload: Any, *, css: str = "") -> str:
+    """A self-contained page: the CSP, inlined uPlot and vramlens' chart script and styles (plus
+    ``css``), the ``body`` sections, a footer, and ``payload`` as the chart's JSON data block."""
+    css_lib, css_own, js_lib, js_own = (asset(name) for name in _ASSETS)
+    footer = (
+        f"<footer>Made by vramlens {_e(__version__)}; chart drawn with uPlot 1.6.32 (MIT license, inlined).</footer>"
+    )
     return "\n".join(
         [
             '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">',
@@ -100,9 +107,10 @@ def render_html(
             '<meta name="viewport" content="width=device-width, initial-scale=1">',
             f'<meta name="generator" content="vramlens {_e(__version__)}">',
             f"<title>{_e(title)}</title>",
-            f"<style>\n{css_lib}\n</style>\n<style>\n{css_own}\n</style>\n</head>\n<body>",
+            f"<style>\n{css_lib}\n</style>\n<style>\n{css_own}\n{css}\n</style>\n</head>\n<body>",
             *body,
-            f'<script type="application/json" id="vramlens-data">{embed_json(_payload(report, series))}</script>',
+            footer,
+            f'<script type="application/json" id="vramlens-data">{embed_json(payload)}</script>',
             f"<script>\n{js_lib}\n</script>\n<script>\n{js_own}\n</script>\n</body>\n</html>\n",
         ]
     )
@@ -115,7 +123,7 @@ def embed_json(value: Any) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def _asset(name: str) -> str:
+def asset(name: str) -> str:
     """An inlined file of ``assets/`` (refused if it could end its own ``<script>``/``<style>``)."""
     text = resources.files("vramlens.report").joinpath("assets", name).read_text(encoding="utf-8")
     if "</script" in text.lower() or "</style" in text.lower():
@@ -237,10 +245,11 @@ def _drawn(series: StackedSeries) -> str:
     return f"{series.events:,} events as {kept:,} points ({how}; {series.level} bytes)"
 
 
-def _chart_section(series: StackedSeries) -> str:
+def chart_section(series: StackedSeries, title: str = "Memory over time") -> str:
+    """The chart's section (heading, zoom controls, legend, plot area) for ``series``."""
     axis = {"ms": "time since the first event (ms)", "event": "event", "phase": "phase"}[series.x_unit]
     return (
-        '<section id="timeline"><h2>Memory over time</h2>'
+        f'<section id="timeline"><h2>{_e(title)}</h2>'
         '<div class="controls"><button type="button" id="vl-reset">Reset zoom</button>'
         '<button type="button" id="vl-left" aria-label="pan left">&#9664;</button>'
         '<button type="button" id="vl-right" aria-label="pan right">&#9654;</button>'
