@@ -82,6 +82,21 @@ def tied_embedding_grad_bytes(ctx: TrainingContext) -> int:
     return ctx.spec.vocab_size * ctx.spec.hidden_size * ctx.grad_bytes
 
 
+def pending_embedding_grad_bytes(ctx: TrainingContext, mem: StageMemory) -> int:
+    """Bytes of the input embedding's gradient, which autograd makes only after the first
+    layer's backward: absent from "last layer of backward" (an untied matrix trained in full on
+    one unsharded rank without TP/PP; else 0). Seen in tracked CPU runs of checkpointed steps
+    (tests/experiments: the peak is inside the first layer's backward, the embedding's 2 MiB
+    gradient not yet there)."""
+    parallel = ctx.workload.parallel
+    unsharded = parallel.shard in (Shard.NONE, Shard.DDP, Shard.ZERO1)
+    if ctx.spec.tie_word_embeddings or not (ctx.full and mem.stage.first and unsharded):
+        return 0
+    if parallel.tp != 1 or parallel.pp != 1:
+        return 0
+    return ctx.spec.vocab_size * ctx.spec.hidden_size * ctx.grad_bytes
+
+
 def _backward(ctx: TrainingContext, mem: StageMemory) -> PhaseMemory:
     in_backward = ctx.in_backward_step
     accumulated = _kept_gradients(ctx, mem)
@@ -89,6 +104,14 @@ def _backward(ctx: TrainingContext, mem: StageMemory) -> PhaseMemory:
     outputs = mem.logits.outputs if mem.logits else 0
     start_logits = mem.logits.backward_start if mem.logits else 0
     u = mem.unsharded
+    # The loop's kept model outputs live until backward returns, so they are in the last layer's
+    # and the end's working set too, where a checkpointed single-GPU step peaks, and the input
+    # embedding's gradient is not there yet at the last layer (tracked CPU runs and the simulator,
+    # tests/experiments). Under FSDP (``u``) the simulator's last layer stays at the formula
+    # without both (llama-3.1-8b, 8 GPUs, bf16, recompute full: 11.3895 GB), so FSDP keeps it.
+    fsdp = bool(u.last_layer or u.end)
+    kept_to_end = 0 if fsdp else outputs
+    pending = 0 if in_backward else mem.layer_grads + (0 if fsdp else pending_embedding_grad_bytes(ctx, mem))
     candidates = {
         "start of backward: loss gradient beside all activations": (
             accumulated + mem.grad_buckets,
@@ -103,12 +126,12 @@ def _backward(ctx: TrainingContext, mem: StageMemory) -> PhaseMemory:
         "end of backward: every gradient": (
             all_grads + mem.grad_buckets,
             mem.non_layer,
-            mem.working + mem.dequant + u.end,
+            kept_to_end + mem.working + mem.dequant + u.end,
         ),
         "last layer of backward: the first layer's activations beside every other gradient": (
-            all_grads - (0 if in_backward else mem.layer_grads) + mem.grad_buckets,
+            all_grads - pending + mem.grad_buckets,
             mem.non_layer + (mem.recompute or mem.activations // max(mem.stage.layers, 1)),
-            mem.working + mem.casts_backward + mem.dequant + u.last_layer,
+            kept_to_end + mem.working + mem.casts_backward + mem.dequant + u.last_layer,
         ),
     }
     if u.end and ctx.spec.tie_word_embeddings and outputs:

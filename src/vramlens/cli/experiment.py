@@ -1,0 +1,128 @@
+"""``vramlens experiment MODEL --techniques bf16,checkpoint,... --steps N``: measure what each
+memory-saving technique buys on this machine, beside vramlens's predictions.
+
+The control and one run per comma item (``+`` combines techniques in a run) train MODEL (a
+catalog name, config.json, model directory, or ``module:callable`` returning an
+``nn.Module``) with random weights on random or given tokens; ``-c matrix.yaml`` lists the
+runs instead (:mod:`vramlens.experiments.matrix`). Results go to ``--store`` (JSON lines) as
+each run finishes; running the same matrix again skips what is stored. A progress bar per run
+goes to stderr; the table (or Markdown, or JSON) to stdout.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from vramlens.errors import InputError
+
+__all__ = ["experiment_command"]
+
+
+def _matrix(model: str | None, techniques: str | None, config: str | None, settings: dict[str, Any]) -> Any:
+    from vramlens.experiments.matrix import load_matrix, matrix_from_list
+
+    if config is not None:
+        if techniques is not None:
+            raise InputError(
+                "--techniques: give the runs either in the matrix file (-c) or with --techniques, not both"
+            )
+        return load_matrix(config, {"model": model, **settings})
+    if model is None:
+        raise InputError("MODEL: required (a catalog name, config.json, model directory or module:callable)")
+    return matrix_from_list(model, techniques or "", **{k: v for k, v in settings.items() if v is not None})
+
+
+def _run_with_progress(matrix: Any, store: Any, *, simulate: bool) -> Any:
+    """Run the matrix with one rich progress bar per run on stderr."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from vramlens.experiments import run_matrix
+    from vramlens.experiments.techniques import unavailable_reason
+
+    console = Console(stderr=True)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as progress:
+        current: dict[str, Any] = {}
+
+        def on_run(spec: Any, index: int, count: int, stored: bool) -> None:
+            label = f"[{index}/{count}] {spec.name}"
+            unavailable = unavailable_reason(spec.techniques)
+            if stored or unavailable:
+                progress.add_task(f"{label} ({'stored, skipped' if stored else unavailable})", total=1, completed=1)
+                return
+            current["task"] = progress.add_task(label, total=spec.steps)
+
+        def on_step(done: int, total: int) -> None:
+            progress.update(current["task"], completed=done, total=total)
+
+        return run_matrix(matrix, store, simulate=simulate, on_run=on_run, on_step=on_step)
+
+
+@click.command("experiment")
+@click.argument("model", required=False)
+@click.option(
+    "--techniques",
+    "techniques",
+    metavar="LIST",
+    help="Runs besides the control, comma-separated; '+' combines (bf16,checkpoint,bf16+fused-optimizer). "
+    "Techniques: bf16, checkpoint, compile, fused-optimizer, memory-budget=X, chunked-loss, 8bit-optimizer.",
+)
+@click.option("-c", "--config", "config", type=click.Path(dir_okay=False), help="Matrix file (YAML) with the runs.")
+@click.option("--steps", type=int, help="Optimizer steps per run (at least 3; default 3).")
+@click.option("--batch", type=int, help="Sequences per step (default 4).")
+@click.option("--seq", type=int, help="Tokens per sequence (default 256).")
+@click.option("--optimizer", type=click.Choice(["adamw", "adafactor", "sgd"]), help="Optimizer (default adamw).")
+@click.option("--device", help="auto (default), cpu, cuda or cuda:N.")
+@click.option("--tokens", type=click.Path(dir_okay=False), help="Token file (.npy 1-D integers, or .bin uint16).")
+@click.option(
+    "--store",
+    "store_path",
+    type=click.Path(dir_okay=False),
+    default="vramlens-experiment.jsonl",
+    show_default=True,
+    help="Results store (JSON lines); finished runs in it are not run again.",
+)
+@click.option("--format", "fmt", type=click.Choice(["table", "markdown", "json"]), default="table", show_default=True)
+@click.option(
+    "--plot", "plot_path", type=click.Path(dir_okay=False), help="Also write peak memory vs time: .png or .svg."
+)
+@click.option("--no-simulate", "no_simulate", is_flag=True, help="Skip the simulator's prediction (estimate only).")
+def experiment_command(
+    model: str | None,
+    techniques: str | None,
+    config: str | None,
+    store_path: str,
+    fmt: str,
+    plot_path: str | None,
+    no_simulate: bool,
+    **settings: Any,
+) -> None:
+    """Train MODEL under memory-saving techniques, measure peak memory, speed and loss, and put
+    vramlens's estimate and simulation beside each measurement."""  # fmt: skip
+    from vramlens.experiments.store import ResultStore
+
+    if plot_path is not None:
+        from vramlens.report.plot import plot_target
+
+        plot_target(plot_path)
+    matrix = _matrix(model, techniques, config, settings)
+    store = ResultStore(store_path)
+    result = _run_with_progress(matrix, store, simulate=not no_simulate)
+    if fmt == "json":
+        click.echo(json.dumps(result.to_dict(), indent=2))
+    elif fmt == "markdown":
+        from vramlens.report.experiment_table import experiment_markdown
+
+        click.echo(experiment_markdown(result.rows, device=result.device), nl=False)
+    else:
+        from vramlens.report.experiment_table import experiment_text
+
+        click.echo(experiment_text(result.rows, device=result.device), nl=False)
+    if plot_path is not None:
+        from vramlens.report.experiment_plot import save_experiment_plot
+
+        save_experiment_plot(result.rows, plot_path, device=result.device)
