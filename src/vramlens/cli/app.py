@@ -15,8 +15,11 @@ import click
 from vramlens._version import __version__
 from vramlens.cli.activations import activations_command
 from vramlens.cli.estimate import estimate_command
+from vramlens.cli.experiment import experiment_command
 from vramlens.cli.models import models
 from vramlens.cli.plan import plan_command
+from vramlens.cli.rlhf import rlhf_command
+from vramlens.cli.serve import serve_command
 from vramlens.cli.simulate import compare_command, simulate_command
 from vramlens.cli.sweep import sweep_command
 from vramlens.cli.view import diff_command, view_command
@@ -33,8 +36,11 @@ def cli() -> None:
 
 cli.add_command(activations_command)
 cli.add_command(estimate_command)
+cli.add_command(experiment_command)
 cli.add_command(models)
 cli.add_command(plan_command)
+cli.add_command(serve_command)
+cli.add_command(rlhf_command)
 cli.add_command(simulate_command)
 cli.add_command(compare_command)
 cli.add_command(sweep_command)

@@ -31,8 +31,10 @@ __all__ = [
     "SAFETENSORS_DTYPE_BITS",
     "CheckpointSummary",
     "TensorEntry",
+    "header_entries",
     "read_checkpoint",
     "read_safetensors_header",
+    "tensor_entry",
 ]
 
 #: Bits per element of every safetensors dtype (safetensors ``Dtype`` enum, v0.4+).
@@ -152,39 +154,51 @@ def _read_header_json(path: Path) -> tuple[dict[str, Any], int]:
     return header, size - 8 - length
 
 
-def _tensor(path: Path, name: str, info: Any, data_bytes: int) -> TensorEntry:
-    where = f"tensor {name!r}"
+def tensor_entry(source: str, name: str, info: Any, data_bytes: int | None) -> TensorEntry:
+    """One header entry checked (dtype known, shape of non-negative ints, offsets matching the
+    dtype and shape, and within ``data_bytes`` when the data's size is known); ``source`` (a
+    path or an upload's name) starts every :class:`CheckpointError` message."""
+    where = f"{source}: tensor {name!r}"
     if not isinstance(info, dict):
-        raise _fail(path, f"{where}: expected an object with dtype, shape and data_offsets")
+        raise CheckpointError(f"{where}: expected an object with dtype, shape and data_offsets")
     dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
     if not isinstance(dtype, str) or dtype not in SAFETENSORS_DTYPE_BITS:
-        raise _fail(path, f"{where}: unknown dtype {dtype!r}; expected one of {', '.join(SAFETENSORS_DTYPE_BITS)}")
-    bits = SAFETENSORS_DTYPE_BITS[dtype]
+        raise CheckpointError(f"{where}: unknown dtype {dtype!r}; expected one of {', '.join(SAFETENSORS_DTYPE_BITS)}")
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-        raise _fail(path, f"{where}: shape must be a list of non-negative integers, got {shape!r}")
+        raise CheckpointError(f"{where}: shape must be a list of non-negative integers, got {shape!r}")
     if (
         not isinstance(offsets, list)
         or len(offsets) != 2
         or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
-        or not 0 <= offsets[0] <= offsets[1] <= data_bytes
+        or not 0 <= offsets[0] <= offsets[1]
     ):
-        raise _fail(path, f"{where}: data_offsets {offsets!r} do not lie within the {data_bytes} data bytes")
+        raise CheckpointError(f"{where}: data_offsets must be [begin, end] with 0 <= begin <= end, got {offsets!r}")
+    if data_bytes is not None and offsets[1] > data_bytes:
+        raise CheckpointError(f"{where}: data_offsets {offsets!r} do not lie within the {data_bytes} data bytes")
     nbytes = offsets[1] - offsets[0]
-    expected = (math.prod(shape) * bits + 7) // 8
+    expected = (math.prod(shape) * SAFETENSORS_DTYPE_BITS[dtype] + 7) // 8
     if nbytes != expected:
-        raise _fail(path, f"{where}: {nbytes} bytes stored but shape {shape} of {dtype} needs {expected}")
-    return TensorEntry(name=name, dtype=dtype, shape=tuple(shape), nbytes=nbytes, file=path.name)
+        raise CheckpointError(f"{where}: {nbytes} bytes stored but shape {shape} of {dtype} needs {expected}")
+    return TensorEntry(name=name, dtype=dtype, shape=tuple(shape), nbytes=nbytes, file=Path(source).name)
+
+
+def header_entries(
+    header: dict[str, Any], source: str, data_bytes: int | None
+) -> tuple[tuple[TensorEntry, ...], dict[str, str]]:
+    """The checked tensors and ``__metadata__`` of a decoded header object (``header`` is not
+    changed)."""
+    header = dict(header)
+    metadata = header.pop("__metadata__", {}) or {}
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise CheckpointError(f"{source}: corrupt safetensors header: __metadata__ must map strings to strings")
+    return tuple(tensor_entry(source, name, info, data_bytes) for name, info in header.items()), metadata
 
 
 def read_safetensors_header(path: str | os.PathLike[str]) -> tuple[tuple[TensorEntry, ...], dict[str, str]]:
     """The tensors and ``__metadata__`` of one ``.safetensors`` file, from its header only."""
     file = Path(path)
     header, data_bytes = _read_header_json(file)
-    metadata = header.pop("__metadata__", {}) or {}
-    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
-        raise _fail(file, "corrupt safetensors header: __metadata__ must map strings to strings")
-    tensors = tuple(_tensor(file, name, info, data_bytes) for name, info in header.items())
-    return tensors, metadata
+    return header_entries(header, str(file), data_bytes)
 
 
 def _read_index(index: Path) -> dict[str, str]:

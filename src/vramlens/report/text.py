@@ -23,7 +23,7 @@ from vramlens.report.model import MemoryReport, PhaseMemory
 from vramlens.report.timeline_text import ASCII_TABLE_BOX, Bar, bar, timeline_renderable
 from vramlens.units import format_bytes
 
-__all__ = ["add_phase_rows", "markdown_report", "print_report", "report_renderable", "serving_lines"]
+__all__ = ["add_phase_rows", "fit_line", "markdown_report", "print_report", "report_renderable", "serving_lines"]
 
 _BAR_WIDTH = 28
 
@@ -97,7 +97,9 @@ def add_phase_rows(
         )
 
 
-def _fit_line(report: MemoryReport) -> Text:
+def fit_line(report: MemoryReport) -> Text:
+    """The report's fit sentence (fits / does not fit the GPU, with headroom or shortfall), as the
+    CLI prints it and the web page shows it."""
     if report.capacity_bytes is None:
         return Text("no GPU given: pass --gpu (e.g. h100-80gb or 24GiB) to check the fit")
     headroom = report.headroom_bytes or 0
@@ -153,7 +155,7 @@ def report_renderable(report: MemoryReport, *, explain: bool = False, ascii_only
     )
     parts: list[object] = [
         title,
-        _fit_line(report),
+        fit_line(report),
         timeline_renderable(report, ascii_only=ascii_only),
         _levels_table(report),
         _breakdown_table(report, ascii_only=ascii_only),
