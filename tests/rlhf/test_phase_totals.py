@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -136,3 +137,25 @@ def test_dpo_has_no_generation_and_doubles_the_sequences(tiny: str) -> None:
     assert report.phases[1].allocated_bytes == train.allocated_bytes + 2 * N
     pre = rlhf_estimate(load_rlhf({"algo": "dpo", "actor": tiny, "gpu": "h100-80gb", "precomputed_ref_logprobs": True}))
     assert [p.name for p in pre.phases] == ["actor_training"] and pre.transitions == ()
+
+
+def test_a_sharded_frozen_model_gathers_its_root_and_two_layers_to_run() -> None:
+    """PPO of Llama-3.1-8B on 8 GPUs with ZeRO-3: the reward model's bf16 weights are split 8
+    ways while resident, but its forward holds whole weights at once: the root (embedding and
+    head, 2 x 128256 x 4096, plus the final norm 4096) and two decoder layers (each: attention
+    4096 x (4096 + 1024 + 1024 + 4096), MLP 3 x 4096 x 14336, two norms 2 x 4096), 2 bytes each.
+    Replicated (shard none) it gathers nothing."""
+    root = 2 * 128256 * 4096 + 4096
+    layer = 4096 * (4096 + 1024 + 1024 + 4096) + 3 * 4096 * 14336 + 2 * 4096
+    gathered = (root + 2 * layer) * 2
+
+    def scoring_reward(shard: str) -> Any:
+        setup = load_rlhf({"algo": "ppo", "actor": "llama-3.1-8b", "gpus": 8, "gpu": "h100-80gb", "shard": shard})
+        phase = next(p for p in rlhf_estimate(setup).phases if p.name == "scoring")
+        return phase.models["reward"]
+
+    sharded, replicated = scoring_reward("zero3"), scoring_reward("none")
+    assert sharded.breakdown["parameters"] == -(-replicated.breakdown["parameters"] // 8)
+    assert sharded.breakdown.get("temporary", 0) - replicated.breakdown.get("temporary", 0) == pytest.approx(
+        gathered, abs=8
+    )

@@ -25,13 +25,22 @@ from vramlens.categories import Category
 from vramlens.errors import InputError
 from vramlens.estimate import estimate_resolved
 from vramlens.hardware import GpuSpec
+from vramlens.model.params import parameter_breakdown
 from vramlens.model.resolve import load_model
 from vramlens.model.spec import ModelSpec
 from vramlens.report.model import MemoryReport
 from vramlens.rlhf.setup import Algo, ModelRole, Placement, RlhfSetup
 from vramlens.workload.load import load_workload
 
-__all__ = ["MOVABLE", "ModelMemory", "group_gpus", "group_of", "model_memories", "training_workload"]
+__all__ = [
+    "MOVABLE",
+    "ModelMemory",
+    "gathered_forward_bytes",
+    "group_gpus",
+    "group_of",
+    "model_memories",
+    "training_workload",
+]
 
 #: Categories a sleeping model copies to CPU (and back); the rest is freed and re-allocated.
 MOVABLE: frozenset[Category] = frozenset({Category.PARAMETERS, Category.OPTIMIZER_STATE, Category.BUFFERS})
@@ -182,6 +191,21 @@ def _logits(est: _Estimator, role: ModelRole) -> int:
     return tokens * math.ceil(est.spec(role.model).vocab_size / role.tp) * 2
 
 
+def gathered_forward_bytes(spec: ModelSpec, report: MemoryReport) -> int:
+    """Weights a sharded (ZeRO-3/FSDP) forward-only pass holds whole on a GPU at once, bytes:
+    the root (embedding, final norm, head: gathered from the first layer to the end of the
+    forward, as in FSDP's root unit) and two decoder layers (the one computing and the next,
+    prefetched). Bytes per element are those of ``report``, the unsharded forward on the
+    role's TP ranks (its weights over every parameter: storage format, already split over TP).
+    Assumes layers of equal size; the training estimator counts a root-wrapped model the same
+    way (:mod:`vramlens.estimate.fsdp`)."""
+    parts = parameter_breakdown(spec)
+    layers = parts.attention + parts.mlp + parts.moe_experts + parts.moe_shared + parts.moe_router + parts.norms
+    root = parts.total - layers
+    per_element = report.peak.breakdown.get(Category.PARAMETERS, 0) / max(parts.total, 1)
+    return math.ceil((root + 2 * layers / max(spec.num_layers, 1)) * per_element)
+
+
 def _frozen(est: _Estimator, role: ModelRole, phase: str) -> ModelMemory:
     setup = est.setup
     report = est.forward(role)
@@ -189,6 +213,9 @@ def _frozen(est: _Estimator, role: ModelRole, phase: str) -> ModelMemory:
     gpus = group_gpus(setup, group_of(setup, role.role))
     if role.shard in _SHARDED and gpus > role.tp:
         resident = {c: -(-b // (gpus // role.tp)) for c, b in resident.items()}
+        if resident.get(Category.PARAMETERS):
+            gathered = gathered_forward_bytes(est.spec(role.model), report)
+            work[Category.TEMPORARY] = work.get(Category.TEMPORARY, 0) + gathered
     if role.from_actor_base:
         resident = {}
     if phase == "reference":
