@@ -171,6 +171,22 @@ def test_numbers_follow_the_inputs_and_are_what_the_cli_prints(
     assert all(url.startswith(base_url + "/") for url in watched.requests)
 
 
+def test_a_gpu_size_replaces_the_chosen_gpu_as_the_cli_reads_it(
+    watched: Watched, base_url: str, tmp_path: Path, capsys: Any
+) -> None:
+    """ "24GiB" in the size box is sent as ``gpu: 24GiB`` (what ``--gpu 24GiB`` means to the CLI),
+    and the page's fit line and figures are then the CLI's for that size."""
+    page = watched.page
+    page.goto(base_url + "/")
+    _settle(page)
+    page.fill("#gpu-size", "24GiB")
+    sized = _settle(page, {"gpu": "24GiB"})
+    table = _cli_table(sized, tmp_path, capsys)
+    assert "24" in table[1]
+    _assert_page_shows(page, table)
+    assert watched.outside == [] and watched.errors == []
+
+
 def test_download_gives_the_cli_html_report(watched: Watched, base_url: str, tmp_path: Path, capsys: Any) -> None:
     page = watched.page
     page.goto(base_url + "/")

@@ -56,6 +56,8 @@
       if (block) (data[block] = data[block] || {})[key] = v;
       else data[key] = v;
     }
+    const size = $("gpu-size").value.trim();  // a size as the CLI's --gpu takes it replaces the choice
+    if (size) data.gpu = size;
     return data;
   }
 
