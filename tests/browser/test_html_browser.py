@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import importlib.util
 import struct
 import zlib
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from browser_helpers import NEEDS_CHROMIUM, chromium
 
 from vramlens.categories import Category
 from vramlens.estimate import estimate
@@ -30,25 +30,7 @@ from vramlens.report.view import build_view
 from vramlens.snapshot import save_snapshot
 from vramlens.trace.timeline import CATEGORY_ORDER, Timeline, TimelineBuilder
 
-CHROMIUM = Path("/usr/bin/chromium")
-pytestmark = [
-    pytest.mark.skipif(
-        importlib.util.find_spec("playwright") is None, reason="needs the playwright package (pip install playwright)"
-    ),
-    pytest.mark.skipif(
-        not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium (apt-get install chromium)"
-    ),
-]
-#: The flags that work on this project's machines (no sandbox as root, no GPU, no background network).
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+pytestmark = NEEDS_CHROMIUM
 SCRIPT_PAYLOAD = "<script>window.__pwned=1</script>"
 IMG_PAYLOAD = '<img src=x onerror="window.__pwned=1">'
 VIEWPORT = {"width": 1000, "height": 900}
@@ -56,13 +38,7 @@ VIEWPORT = {"width": 1000, "height": 900}
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    # Playwright starts the browser with a fresh, empty profile (its own --user-data-dir).
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
-        yield launched
-        launched.close()
+    yield from chromium()
 
 
 @dataclasses.dataclass

@@ -9,34 +9,17 @@ by-model table with the capacity mark, and run nothing from hostile names in the
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from browser_helpers import NEEDS_CHROMIUM, chromium
 
 from vramlens.report.rlhf_html import save_rlhf_html
 from vramlens.rlhf import RlhfReport, load_rlhf, rlhf_estimate
 
-CHROMIUM = Path("/usr/bin/chromium")
-pytestmark = [
-    pytest.mark.skipif(
-        importlib.util.find_spec("playwright") is None, reason="needs the playwright package (pip install playwright)"
-    ),
-    pytest.mark.skipif(
-        not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium (apt-get install chromium)"
-    ),
-]
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+pytestmark = NEEDS_CHROMIUM
 PAYLOAD = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=1</script>'
 
 
@@ -49,12 +32,7 @@ def grpo_report() -> RlhfReport:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
-        yield launched
-        launched.close()
+    yield from chromium()
 
 
 def open_page(browser: Any, path: Path) -> tuple[Any, Any, list[str], list[str]]:

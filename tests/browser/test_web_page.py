@@ -20,23 +20,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from browser_helpers import NEEDS_CHROMIUM, chromium
 
 from vramlens.cli.app import main
 from vramlens.model.catalog import find_entry
 from vramlens.snapshot import save_snapshot
 from vramlens.trace.timeline import CATEGORY_ORDER, TimelineBuilder
 
-CHROMIUM = Path("/usr/bin/chromium")
 pytestmark = [
-    pytest.mark.skipif(importlib.util.find_spec("playwright") is None, reason="needs the playwright package"),
+    *NEEDS_CHROMIUM,
     pytest.mark.skipif(
         importlib.util.find_spec("uvicorn") is None or importlib.util.find_spec("fastapi") is None,
         reason="needs the [web] extra (fastapi, uvicorn)",
     ),
-    pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium"),
 ]
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -62,12 +59,7 @@ def base_url() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
-        yield launched
-        launched.close()
+    yield from chromium()
 
 
 @dataclasses.dataclass
