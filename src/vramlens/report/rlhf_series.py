@@ -27,8 +27,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from vramlens.categories import Category
-from vramlens.report.series import StackedSeries
-from vramlens.trace.timeline import CATEGORY_ORDER
+from vramlens.report.series import StackedSeries, phase_series
 
 if TYPE_CHECKING:
     from vramlens.rlhf import RlhfPhase, RlhfReport
@@ -107,27 +106,12 @@ def peak_index(report: RlhfReport) -> int:
 
 def rlhf_series(report: RlhfReport) -> StackedSeries:
     """The step's phases stacked by category at the device level (see the module docstring)."""
-    stacks = [_phase_categories(phase) for phase in report.phases]
-    present = {category for stack in stacks for category, value in stack.items() if value > 0}
-    categories = tuple(category for category in CATEGORY_ORDER if category in present)
-    values = np.array(
-        [[stack.get(category, 0) for stack in stacks] for category in categories], dtype=np.int64
-    ).reshape(len(categories), len(stacks))
-    total = values.sum(axis=0).astype(np.int64) if len(categories) else np.zeros(len(stacks), dtype=np.int64)
-    peak = peak_index(report)
-    return StackedSeries(
-        x=np.arange(len(stacks), dtype=np.float64),
-        x_unit="phase",
-        categories=categories,
-        values=values,
-        total=total,
-        phases=tuple((phase.name, float(i), float(i)) for i, phase in enumerate(report.phases)),
-        peak_index=peak,
-        peak_bytes=int(total[peak]) if peak >= 0 else 0,
+    return phase_series(
+        [phase.name for phase in report.phases],
+        [_phase_categories(phase) for phase in report.phases],
+        peak=peak_index(report),
         capacity_bytes=report.capacity_bytes,
         level="device",
-        events=len(stacks),
-        source_index=np.arange(len(stacks), dtype=np.int64),
     )
 
 

@@ -19,6 +19,7 @@ not itemised) is drawn as ``other``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,7 +29,7 @@ from vramlens.categories import Category
 from vramlens.report.model import MemoryReport
 from vramlens.trace.timeline import CATEGORY_ORDER, Timeline
 
-__all__ = ["StackedSeries", "report_series", "timeline_series"]
+__all__ = ["StackedSeries", "phase_series", "report_series", "timeline_series"]
 
 #: Default number of points a picture needs (a wide screen's pixels, twice: min and max).
 DEFAULT_POINTS = 4000
@@ -160,25 +161,44 @@ def _timeline_phases(
 def _phase_series(report: MemoryReport) -> StackedSeries:
     """An estimate over its phases: one point per phase at its high point."""
     phases = report.phases
-    present = {category for phase in phases for category, value in phase.breakdown.items() if value}
+    peak = next((i for i, phase in enumerate(phases) if phase.name == report.peak_phase), -1)
+    return phase_series(
+        [phase.name for phase in phases],
+        [phase.breakdown for phase in phases],
+        peak=peak,
+        capacity_bytes=report.capacity_bytes,
+        level="allocated",
+    )
+
+
+def phase_series(
+    names: Sequence[str],
+    stacks: Sequence[Mapping[Category, int]],
+    *,
+    peak: int,
+    capacity_bytes: int | None,
+    level: str,
+) -> StackedSeries:
+    """One point per phase (``names``), stacked by the categories of ``stacks`` (bytes per
+    category, one mapping per phase) in :data:`CATEGORY_ORDER`; ``peak`` is the peak phase's
+    index (-1: none) and ``level`` the memory level the stacks are at."""
+    present = {category for stack in stacks for category, value in stack.items() if value > 0}
     categories = tuple(category for category in CATEGORY_ORDER if category in present)
     values = np.array(
-        [[int(phase.breakdown.get(category, 0)) for phase in phases] for category in categories], dtype=np.int64
-    ).reshape(len(categories), len(phases))
-    total = values.sum(axis=0).astype(np.int64) if len(categories) else np.zeros(len(phases), dtype=np.int64)
-    x = np.arange(len(phases), dtype=np.float64)
-    peak = next((i for i, phase in enumerate(phases) if phase.name == report.peak_phase), -1)
+        [[int(stack.get(category, 0)) for stack in stacks] for category in categories], dtype=np.int64
+    ).reshape(len(categories), len(stacks))
+    total = values.sum(axis=0).astype(np.int64) if len(categories) else np.zeros(len(stacks), dtype=np.int64)
     return StackedSeries(
-        x=x,
+        x=np.arange(len(stacks), dtype=np.float64),
         x_unit="phase",
         categories=categories,
         values=values,
         total=total,
-        phases=tuple((phase.name, float(i), float(i)) for i, phase in enumerate(phases)),
+        phases=tuple((name, float(i), float(i)) for i, name in enumerate(names)),
         peak_index=peak,
         peak_bytes=int(total[peak]) if peak >= 0 else 0,
-        capacity_bytes=report.capacity_bytes,
-        level="allocated",
-        events=len(phases),
-        source_index=np.arange(len(phases), dtype=np.int64),
+        capacity_bytes=capacity_bytes,
+        level=level,
+        events=len(stacks),
+        source_index=np.arange(len(stacks), dtype=np.int64),
     )
