@@ -64,14 +64,15 @@ def _notes(changes: tuple[tuple[str, Any, Any], ...]) -> str:
 
 
 def _table(result: Any) -> list[str]:
-    header = f"{'#':>3}  {'peak/GPU':>10}  {'headroom':>9}  {'rel. time':>9}  changes  [notes]"
-    lines = [header]
+    from vramlens.report.plan_text import candidate_cells
+
+    lines = [f"{'#':>3}  {'peak/GPU':>10}  {'headroom':>9}  {'rel. time':>9}  changes  [notes]"]
     for rank, cand in enumerate(result.candidates, start=1):
-        changes = ", ".join(f"{k}={new}" for k, _, new in cand.changes) or "(none)"
+        cells = candidate_cells(cand)
         notes = _notes(cand.changes)
         lines.append(
-            f"{rank:>3}  {cand.report.device_bytes / GiB:>6.1f} GiB  {cand.headroom_bytes / GiB:>5.1f} GiB"
-            f"  {cand.relative_step_time:>8.2f}x  {changes}" + (f"  [{notes}]" if notes else "")
+            f"{rank:>3}  {cells['peak']:>10}  {cells['headroom']:>9}  {cells['relative_step_time']:>9}  {cells['changes']}"
+            + (f"  [{notes}]" if notes else "")
         )
     return lines
 
@@ -80,12 +81,10 @@ def _show(result: Any, fmt: str) -> None:
     if fmt == "json":
         click.echo(json.dumps(result.to_dict(), indent=2))
         return
-    model = result.workload.model if isinstance(result.workload.model, str) else result.workload.model.name
-    click.echo(
-        f"plan for {model} on {result.gpus} x {result.gpu} ({result.headroom:.0%} headroom): "
-        f"{len(result.candidates)} configurations, step time relative to {result.reference}"
-    )
-    click.echo(f"searched {result.considered} configurations ({result.estimated} estimated)")
+    from vramlens.report.plan_text import plan_searched, plan_title
+
+    click.echo(plan_title(result))
+    click.echo(plan_searched(result))
     if result.impossible is not None:
         click.echo(f"impossible: {result.impossible}")
         return

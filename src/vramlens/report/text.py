@@ -23,7 +23,16 @@ from vramlens.report.model import MemoryReport, PhaseMemory
 from vramlens.report.timeline_text import ASCII_TABLE_BOX, Bar, bar, timeline_renderable
 from vramlens.units import format_bytes
 
-__all__ = ["add_phase_rows", "fit_line", "markdown_report", "print_report", "report_renderable", "serving_lines"]
+__all__ = [
+    "add_phase_rows",
+    "fit_line",
+    "headline",
+    "level_rows",
+    "markdown_report",
+    "print_report",
+    "report_renderable",
+    "serving_lines",
+]
 
 _BAR_WIDTH = 28
 
@@ -54,20 +63,29 @@ def _breakdown_table(report: MemoryReport, *, ascii_only: bool = False) -> Table
     return table
 
 
+def headline(report: MemoryReport) -> str:
+    """The report's first line: model, engine and the device-level peak per GPU."""
+    device = format_bytes(report.device_bytes) if report.device_known else "not recorded"
+    return f"{report.model} - {report.engine}: peak {device} per GPU (device level)"
+
+
+def level_rows(report: MemoryReport) -> list[tuple[str, int | None, str]]:
+    """The three levels as (name, bytes or None when not recorded, what it is)."""
+    device = report.device_bytes if report.device_known else None
+    return [
+        ("allocated", report.allocated_bytes, "torch.cuda.max_memory_allocated()"),
+        ("reserved", report.reserved_bytes, "torch.cuda.max_memory_reserved(): + allocator slack"),
+        ("device", device, "nvidia-smi: + CUDA context" + (", NCCL" if "nccl" in report.runtime else "")),
+    ]
+
+
 def _levels_table(report: MemoryReport) -> Table:
     table = Table(box=box.SIMPLE_HEAD, show_header=True)
     table.add_column("level")
     table.add_column("peak", justify="right")
     table.add_column("what it is")
-    table.add_row("allocated", format_bytes(report.allocated_bytes), "torch.cuda.max_memory_allocated()")
-    table.add_row(
-        "reserved", format_bytes(report.reserved_bytes), "torch.cuda.max_memory_reserved(): + allocator slack"
-    )
-    table.add_row(
-        "device",
-        format_bytes(report.device_bytes),
-        "nvidia-smi: + CUDA context" + (", NCCL" if "nccl" in report.runtime else ""),
-    )
+    for name, value, what in level_rows(report):
+        table.add_row(name, "not recorded" if value is None else format_bytes(value), what)
     return table
 
 
@@ -149,10 +167,7 @@ def report_renderable(report: MemoryReport, *, explain: bool = False, ascii_only
     """The rich renderable of a report (for the terminal): the tables and the stacked timeline
     (:mod:`vramlens.report.timeline_text`). ``ascii_only``: plain ASCII pictures and table rules
     (also chosen at print time when the console cannot show Unicode blocks)."""
-    title = Text(
-        f"{report.model} - {report.engine}: peak {format_bytes(report.device_bytes)} per GPU (device level)",
-        style="bold",
-    )
+    title = Text(headline(report), style="bold")
     parts: list[object] = [
         title,
         fit_line(report),

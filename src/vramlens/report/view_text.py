@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from vramlens.report.forensics import Leak, LiveAllocation
+from vramlens.report.model import MemoryReport
 from vramlens.report.oom import OomForensics
 from vramlens.report.text import add_phase_rows
 from vramlens.report.timeline_text import ASCII_TABLE_BOX, Bar, bar, timeline_renderable
@@ -20,7 +21,7 @@ from vramlens.report.view import ViewReport
 from vramlens.report.view_diff import RankView, ViewDiff
 from vramlens.units import format_bytes
 
-__all__ = ["diff_renderable", "print_renderable", "ranks_renderable", "view_renderable"]
+__all__ = ["diff_renderable", "print_renderable", "ranks_renderable", "view_headline", "view_renderable"]
 
 _FRAME = re.compile(r"^(?P<file>.*):(?P<line>\d+) in (?P<name>.*)$")
 
@@ -232,13 +233,20 @@ def _oom(oom: OomForensics, number: int, lines: int) -> list[Any]:
     return parts
 
 
+def view_headline(report: MemoryReport, source_format: object) -> str:
+    """``vramlens view``'s first line: a record's peak is its measured allocated peak."""
+    return (
+        f"{report.model} - {report.engine} ({source_format}): peak {format_bytes(report.allocated_bytes)} "
+        f"allocated in {report.peak_phase}"
+    )
+
+
 def view_renderable(view: ViewReport, *, stack_lines: int = 3, ascii_only: bool = False) -> Group:
     """Everything ``vramlens view`` shows for one record, the stacked timeline first;
     ``ascii_only``: plain ASCII pictures and table rules."""
     report = view.report
-    title = f"{report.model} - {report.engine} ({view.format}): peak {format_bytes(report.allocated_bytes)} allocated in {report.peak_phase}"
     parts: list[Any] = [
-        Text(title, style="bold"),
+        Text(view_headline(report, view.format), style="bold"),
         timeline_renderable(report, ascii_only=ascii_only),
         Text(""),
         _levels(view),

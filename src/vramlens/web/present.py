@@ -15,17 +15,13 @@ from vramlens.categories import Category
 from vramlens.plan import Plan
 from vramlens.report.model import MemoryReport
 from vramlens.report.palette import swatch
-from vramlens.report.text import fit_line, serving_lines
-from vramlens.units import GiB, format_bytes
+from vramlens.report.plan_text import candidate_cells, plan_searched, plan_title
+from vramlens.report.text import fit_line, headline, level_rows, serving_lines
+from vramlens.report.view_text import view_headline
+from vramlens.units import format_bytes
 
 __all__ = ["present_plan", "present_report", "present_view"]
 
-#: The levels table of ``vramlens estimate``: name and what it is.
-_LEVELS = (
-    ("allocated", "torch.cuda.max_memory_allocated()"),
-    ("reserved", "torch.cuda.max_memory_reserved(): + allocator slack"),
-    ("device", "nvidia-smi: + CUDA context"),
-)
 #: Each category's color (:mod:`vramlens.report.palette`), looked up once.
 _COLORS = {category: swatch(category).hex for category in Category}
 
@@ -36,13 +32,7 @@ def _amount(value: int | None) -> dict[str, Any]:
 
 
 def _levels(report: MemoryReport) -> list[dict[str, Any]]:
-    values = (report.allocated_bytes, report.reserved_bytes, report.device_bytes if report.device_known else None)
-    rows = []
-    for (name, what), value in zip(_LEVELS, values, strict=True):
-        if name == "device" and "nccl" in report.runtime:
-            what += ", NCCL"
-        rows.append({"level": name, **_amount(value), "what": what})
-    return rows
+    return [{"level": name, **_amount(value), "what": what} for name, value, what in level_rows(report)]
 
 
 def _breakdown(report: MemoryReport) -> dict[str, Any]:
@@ -88,10 +78,9 @@ def _phases(report: MemoryReport) -> list[dict[str, Any]]:
 
 def present_report(report: MemoryReport) -> dict[str, Any]:
     """The page's view of a report: headline, fit, levels, breakdown, phases, serving, assumptions."""
-    device = format_bytes(report.device_bytes) if report.device_known else "not recorded"
     headroom = report.headroom_bytes
     return {
-        "title": f"{report.model} - {report.engine}: peak {device} per GPU (device level)",
+        "title": headline(report),
         "fit": {
             "fits": report.fits,
             "text": fit_line(report).plain,
@@ -116,11 +105,7 @@ def present_view(report: MemoryReport, details: dict[str, Any]) -> dict[str, Any
         for item in details.get("top_allocations") or []
     ]
     summary = present_report(report)
-    # the headline of `vramlens view` (a record's peak is its allocated peak, as measured)
-    summary["title"] = (
-        f"{report.model} - {report.engine} ({source.get('format')}): peak {format_bytes(report.allocated_bytes)} "
-        f"allocated in {report.peak_phase}"
-    )
+    summary["title"] = view_headline(report, source.get("format"))
     return {
         "summary": summary,
         "source": f"{source.get('path')}: {source.get('format')}, categories {source.get('categories')}",
@@ -128,30 +113,24 @@ def present_view(report: MemoryReport, details: dict[str, Any]) -> dict[str, Any
     }
 
 
-def _changes(changes: tuple[tuple[str, Any, Any], ...]) -> str:
-    return ", ".join(f"{key}={new}" for key, _, new in changes) or "(none)"
-
-
 def present_plan(result: Plan, *, top: int) -> dict[str, Any]:
     """The planner's best ``top`` configurations, in the formats of ``vramlens plan``."""
-    model = result.workload.model if isinstance(result.workload.model, str) else result.workload.model.name
-    rows = [
-        {
-            "rank": rank,
-            "peak": {"bytes": cand.report.device_bytes, "text": f"{cand.report.device_bytes / GiB:.1f} GiB"},
-            "headroom": {"bytes": cand.headroom_bytes, "text": f"{cand.headroom_bytes / GiB:.1f} GiB"},
-            "relative_step_time": f"{cand.relative_step_time:.2f}x",
-            "changes": _changes(cand.changes),
-            "workload": cand.to_dict()["workload"],
-        }
-        for rank, cand in enumerate(result.candidates[:top], start=1)
-    ]
+    rows = []
+    for rank, cand in enumerate(result.candidates[:top], start=1):
+        cells = candidate_cells(cand)
+        rows.append(
+            {
+                "rank": rank,
+                "peak": {"bytes": cand.report.device_bytes, "text": cells["peak"]},
+                "headroom": {"bytes": cand.headroom_bytes, "text": cells["headroom"]},
+                "relative_step_time": cells["relative_step_time"],
+                "changes": cells["changes"],
+                "workload": cand.to_dict()["workload"],
+            }
+        )
     return {
-        "title": (
-            f"plan for {model} on {result.gpus} x {result.gpu} ({result.headroom:.0%} headroom): "
-            f"{len(result.candidates)} configurations, step time relative to {result.reference}"
-        ),
-        "searched": f"searched {result.considered} configurations ({result.estimated} estimated)",
+        "title": plan_title(result),
+        "searched": plan_searched(result),
         "impossible": result.impossible,
         "rows": rows,
     }
