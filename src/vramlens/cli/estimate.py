@@ -14,10 +14,11 @@ from typing import Any
 
 import click
 
+from vramlens.cli._from import WorkloadInputs, from_options, read_source, with_source
 from vramlens.cli._pictures import check_pictures, picture_options, write_pictures
 from vramlens.errors import InputError
 
-__all__ = ["FLAGS", "estimate_command", "with_workload_options", "workload_arguments"]
+__all__ = ["FLAGS", "estimate_command", "with_workload_options", "workload_arguments", "workload_inputs"]
 
 #: flag name -> (workload path, help). Paths with a dot go into the ``lora`` / ``parallel`` blocks.
 FLAGS: dict[str, tuple[str, str]] = {
@@ -88,6 +89,7 @@ def _overrides(options: dict[str, Any]) -> dict[str, Any]:
 
 
 def _with_workload_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    func = from_options(func)
     for flag, (_, help_text) in reversed(list(SWITCHES.items())):
         func = click.option(f"--{flag}/--no-{flag}", default=None, help=help_text)(func)
     for flag, (_, help_text) in reversed(list(FLAGS.items())):
@@ -95,21 +97,32 @@ def _with_workload_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
-def workload_arguments(
-    model: str | None, config: str | None, options: dict[str, Any], *, command: str
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The workload file's keys and the flags' overrides of a command that takes MODEL/-c and workload flags."""
+def workload_inputs(model: str | None, config: str | None, options: dict[str, Any], *, command: str) -> WorkloadInputs:
+    """The base (a ``-c`` workload file or a ``--from`` run config), the flags' overrides and the
+    run config's reading, for a command that takes MODEL, -c/--from and workload flags."""
     from vramlens.workload.load import read_workload_file
 
+    source = read_source(options, config)
     base: dict[str, Any] = read_workload_file(config) if config else {}
+    if source is not None:
+        base = {k: (dict(v) if isinstance(v, dict) else v) for k, v in source.keys.items()}
     overrides = _overrides(options)
     if model is not None:
         overrides["model"] = model
     if "model" not in base and "model" not in overrides:
+        where = f"{source.origin} names no model; " if source is not None else ""
         raise InputError(
-            f"model: give MODEL (e.g. vramlens {command} llama-3.1-8b) or a workload file with a 'model' key (-c run.yaml)"
+            f"model: {where}give MODEL (e.g. vramlens {command} llama-3.1-8b) or a workload file with a 'model' key (-c run.yaml)"
         )
-    return base, overrides
+    return WorkloadInputs(base=base, overrides=overrides, source=source)
+
+
+def workload_arguments(
+    model: str | None, config: str | None, options: dict[str, Any], *, command: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The workload file's keys and the flags' overrides of a command that takes MODEL/-c and workload flags."""
+    inputs = workload_inputs(model, config, options, command=command)
+    return inputs.base, inputs.overrides
 
 
 #: Adds every workload flag (and switch) to a click command.
@@ -145,7 +158,8 @@ def estimate_command(
     from vramlens.estimate import estimate
 
     check_pictures(plot_path=plot_path, html_path=html_path)
-    base, overrides = workload_arguments(model, config, options, command="estimate")
+    inputs = workload_inputs(model, config, options, command="estimate")
+    base, overrides = inputs.base, inputs.overrides
     if max_batch and max_context:
         raise InputError("--max-batch and --max-context: ask one at a time (the other value is held fixed)")
     answer = None
@@ -160,11 +174,12 @@ def estimate_command(
         report = answer.report
     else:
         report = estimate(base, **overrides)
-    _show(report, fmt, explain, answer, ascii_only=ascii_only)
+    report = with_source(report, inputs)
+    _show(report, fmt, explain, answer, ascii_only=ascii_only, source=inputs.source)
     write_pictures(report, plot_path=plot_path, html_path=html_path)
 
 
-def _show(report: Any, fmt: str, explain: bool, answer: Any, *, ascii_only: bool = False) -> None:
+def _show(report: Any, fmt: str, explain: bool, answer: Any, *, ascii_only: bool = False, source: Any = None) -> None:
     headline = None
     if answer is not None:
         headline = f"largest {answer.key} that fits: {answer.value} (searched up to {answer.limit})"
@@ -172,6 +187,8 @@ def _show(report: Any, fmt: str, explain: bool, answer: Any, *, ascii_only: bool
         data = report.to_dict()
         if answer is not None:
             data["capacity"] = {"key": answer.key, "value": answer.value, "limit": answer.limit}
+        if source is not None:
+            data["source"] = source.to_dict()
         click.echo(json.dumps(data, indent=2))
         return
     if headline:

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from vramlens.cli.estimate import with_workload_options, workload_arguments
+from vramlens.cli.estimate import with_workload_options, workload_inputs
 from vramlens.errors import InputError
 from vramlens.units import GiB
 
@@ -77,9 +77,12 @@ def _table(result: Any) -> list[str]:
     return lines
 
 
-def _show(result: Any, fmt: str) -> None:
+def _show(result: Any, fmt: str, source: Any = None) -> None:
     if fmt == "json":
-        click.echo(json.dumps(result.to_dict(), indent=2))
+        data = result.to_dict()
+        if source is not None:
+            data["source"] = source.to_dict()
+        click.echo(json.dumps(data, indent=2))
         return
     from vramlens.report.plan_text import plan_searched, plan_title
 
@@ -127,8 +130,12 @@ def plan_command(
         raise InputError(f"--top: must be an integer >= 1, got {top}")
     if cheapest and min_gpus:
         raise InputError("--cheapest, --min-gpus: give one of them")
-    base, overrides = workload_arguments(model, config, options, command="plan")
+    inputs = workload_inputs(model, config, options, command="plan")
+    base, overrides = inputs.base, inputs.overrides
     workload = load_workload(base, _default_ddp(base, overrides))
+    if fmt != "json":
+        for line in inputs.assumptions():
+            click.echo(f"  - {line}")
     if cheapest or min_gpus:
         _answer(workload, fmt, headroom=headroom, allow_method_change=allow_method_change, cheapest=cheapest)
         return
@@ -143,7 +150,7 @@ def plan_command(
         )
     finally:
         progress.close()
-    _show(result, fmt)
+    _show(result, fmt, inputs.source)
     if plot_path is not None and result.candidates:
         from vramlens.plan.plot import save_plan_plot
 

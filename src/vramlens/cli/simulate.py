@@ -13,7 +13,8 @@ from typing import Any
 import click
 
 from vramlens.cli._pictures import check_pictures, picture_options, write_pictures
-from vramlens.cli.estimate import with_workload_options, workload_arguments
+from vramlens.cli._from import with_source
+from vramlens.cli.estimate import with_workload_options, workload_inputs
 
 __all__ = ["compare_command", "simulate_command"]
 
@@ -90,8 +91,8 @@ def simulate_command(
 ) -> None:
     """Run MODEL's real transformers code on fake tensors and report every allocation's memory."""
     check_pictures(plot_path=plot_path, html_path=html_path)
-    base, overrides = workload_arguments(model, config, options, command="simulate")
-    report = _simulate(base, overrides, steps, stacks, alloc_conf, timeout)
+    inputs = workload_inputs(model, config, options, command="simulate")
+    report = with_source(_simulate(inputs.base, inputs.overrides, steps, stacks, alloc_conf, timeout), inputs)
     if timeline_path is not None and report.timeline is not None:
         from vramlens.trace.timeline_io import save_timeline
 
@@ -133,13 +134,14 @@ def compare_command(
     from vramlens.estimate import estimate
     from vramlens.report.compare import compare_reports, comparison_dict, comparison_table
 
-    base, overrides = workload_arguments(model, config, options, command="compare")
+    inputs = workload_inputs(model, config, options, command="compare")
+    base, overrides = inputs.base, inputs.overrides
     if plot_path is not None:
         from vramlens.report.plot import plot_target
 
         plot_target(plot_path)  # a bad --plot is refused before the simulation runs
-    estimated = estimate(base, **overrides)
-    simulated = _simulate(base, overrides, steps, False, None, timeout)
+    estimated = with_source(estimate(base, **overrides), inputs)
+    simulated = with_source(_simulate(base, overrides, steps, False, None, timeout), inputs)
     comparison = compare_reports([estimated, simulated])
     if fmt == "json":
         click.echo(json.dumps(comparison_dict(comparison), indent=2))

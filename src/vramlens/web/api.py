@@ -7,6 +7,8 @@
 ``POST /api/plan``         ``{workload, headroom, allow_method_change, top}`` -> the planner's best
 ``POST /api/report.html``  a workload -> the HTML report ``vramlens estimate --html`` writes
 ``POST /api/config``       a config.json, safetensors index or header (raw body) -> its summary
+``POST /api/from``         a run config (axolotl, torchtune, litgpt, DeepSpeed, accelerate, TRL, vLLM;
+                           raw body) -> its workload keys and how each was read (``--from``)
 ``POST /api/snapshot``     a memory record (raw body) -> ``vramlens view``'s JSON or HTML report
 =========================  ========================================================================
 
@@ -300,6 +302,47 @@ def _upload_name(name: str | None, default: str) -> str:
 async def config_route(request: Request, name: str | None = Query(None, max_length=200)) -> Response:
     data = await request.body()
     return JSONResponse(parse_upload(data, _upload_name(name, "config.json"), _store(request)))
+
+
+def _run_config(data: bytes, name: str, fmt: str | None) -> dict[str, Any]:
+    """``vramlens estimate --from``'s reading of an uploaded run config: its workload keys (a
+    catalog model by its catalog name), the notes and the keys it does not model. Files the
+    config names are not opened (an upload has no folder)."""
+    from vramlens.model.catalog import find_entry
+    from vramlens.workload.sources import parse_run_config
+    from vramlens.workload.sources.shared import MAX_SOURCE_BYTES
+
+    if len(data) > MAX_SOURCE_BYTES:
+        raise InputError(f"{name}: larger than {MAX_SOURCE_BYTES // 2**20} MiB; not a run config")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise InputError(f"{name}: not UTF-8 text; expected a run config") from None
+    source = parse_run_config(text, origin=name, format=fmt)
+    summary = source.to_dict()
+    model = summary["keys"].get("model")
+    entry = find_entry(model) if isinstance(model, str) else None
+    if entry is not None:
+        summary["keys"]["model"] = entry.name
+    summary["assumptions"] = list(source.assumptions())
+    return summary
+
+
+@router.post(
+    "/from",
+    summary="Read a run config (what vramlens estimate --from reads) into workload keys",
+    openapi_extra={"requestBody": {"required": True, "content": _RAW_BODY}},
+)
+async def from_route(
+    request: Request,
+    name: str | None = Query(None, max_length=200),
+    format: str | None = Query(None, max_length=40),
+) -> Response:
+    data = await request.body()
+    if not data:
+        raise InputError("run config: empty upload; expected an axolotl, torchtune, litgpt, DeepSpeed, accelerate, "
+                         "TRL or vllm serve config")  # fmt: skip
+    return JSONResponse(_run_config(data, _upload_name(name, "run-config"), format))
 
 
 def _view(data: bytes, name: str, fmt: str) -> Any:

@@ -16,6 +16,10 @@
   let estimateAbort = null;
   let planAbort = null;
   let timers = {};
+  let extra = {};  // keys of an uploaded run config that no form field holds (lora.*, attention, ...)
+  // The first workload shown: one that fits the first GPU of the table (an H100), so the page
+  // opens on an answer rather than on a refusal.
+  const START = { method: "lora", precision: "bf16", recompute: "full" };
 
   function debounce(key, delay, fn) {
     clearTimeout(timers[key]);
@@ -48,7 +52,7 @@
   }
 
   function workload() {
-    const data = {};
+    const data = JSON.parse(JSON.stringify(extra));
     for (const node of fields()) {
       const v = value(node);
       if (node.name === "gpu" && v === "") continue;
@@ -82,6 +86,15 @@
     box.textContent = message || "";
   }
 
+  // An invalid input leaves no figure of the previous workload on the page.
+  function clearResult() {
+    for (const id of ["title", "fit"]) $(id).textContent = "";
+    $("fit").className = "fit";
+    for (const id of ["stack", "legend", "phases", "serving", "assumptions"]) $(id).replaceChildren();
+    for (const id of ["levels", "breakdown"]) VL.fill($(id).tBodies[0], []);
+    $("breakdown-title").textContent = "Breakdown at the peak";
+  }
+
   async function estimateNow() {
     const seq = ++estimateSeq;
     if (estimateAbort) estimateAbort.abort();
@@ -99,6 +112,7 @@
     } catch (error) {
       if (error.name === "AbortError" || seq !== estimateSeq) return;
       showError(error.message);
+      clearResult();
       document.body.dataset.state = "error";
     }
   }
@@ -160,6 +174,46 @@
     }
   }
 
+  // The keys of a run config: those the form shows go into its fields, the others into `extra`.
+  function applyKeys(keys) {
+    extra = JSON.parse(JSON.stringify(keys));
+    if (keys.model) {
+      const select = $("model");
+      if (![...select.options].some((o) => o.value === keys.model)) {
+        select.append(VL.el("option", { value: keys.model }, `${keys.model} (from the run config)`));
+      }
+      select.value = keys.model;
+    }
+    delete extra.model;
+    for (const node of form.elements) {
+      if (!node.name || node.name === "model" || node.name === "gpu") continue;
+      const [block, key] = node.name.includes(".") ? node.name.split(".") : [null, node.name];
+      const holder = block ? keys[block] || {} : keys;
+      if (holder[key] === undefined || holder[key] === null) continue;
+      node.value = String(holder[key]);
+      if (block && extra[block]) delete extra[block][key];
+      else if (!block) delete extra[key];
+    }
+    showMode();
+  }
+
+  async function runConfig(file) {
+    const notes = $("source-notes");
+    notes.hidden = false;
+    VL.list(notes, [`reading ${file.name}...`]);
+    try {
+      const data = await file.arrayBuffer();
+      const answer = await VL.request(`/api/from?name=${encodeURIComponent(file.name)}`, {
+        method: "POST", headers: { "Content-Type": "application/octet-stream" }, body: data,
+      });
+      applyKeys(answer.keys);
+      VL.list(notes, answer.assumptions);
+      changed();
+    } catch (error) {
+      VL.list(notes, [`${file.name}: ${error.message}`]);
+    }
+  }
+
   async function downloadReport() {
     try {
       const blob = await VL.postJSON("/api/report.html", workload());
@@ -181,16 +235,19 @@
     options($("gpu"), [["", "none (no fit check)"], ...gpus.map((g) => [g.name, `${g.name} (${g.memory.text})`])]);
     const first = models.some((m) => m.name === "llama-3.1-8b") ? "llama-3.1-8b" : models[0].name;
     const gpu = gpus.length ? gpus[0].name : "";
-    const answer = await VL.postJSON("/api/estimate", gpu ? { model: first, gpu } : { model: first });
+    const answer = await VL.postJSON("/api/estimate", { ...START, model: first, ...(gpu ? { gpu } : {}) });
     $("model").value = first;
     setForm(answer.report.workload, answer.report.gpu ? answer.report.gpu.name : "");
     const edited = (event) => {
-      if (event.target.id !== "config-file") changed();
+      if (event.target.id !== "config-file" && event.target.id !== "run-config") changed();
     };
     form.addEventListener("input", edited);
     form.addEventListener("change", edited);
     $("config-file").addEventListener("change", (event) => {
       if (event.target.files.length) upload(event.target.files[0]);
+    });
+    $("run-config").addEventListener("change", (event) => {
+      if (event.target.files.length) runConfig(event.target.files[0]);
     });
     $("download").addEventListener("click", downloadReport);
     form.addEventListener("submit", (event) => event.preventDefault());
