@@ -12,8 +12,8 @@ from typing import Any
 
 import click
 
-from vramlens.cli._pictures import check_pictures, picture_options, write_pictures
 from vramlens.cli._from import with_source
+from vramlens.cli._pictures import check_pictures, picture_options, write_pictures
 from vramlens.cli.estimate import with_workload_options, workload_inputs
 
 __all__ = ["compare_command", "simulate_command"]

@@ -159,3 +159,9 @@ def as_int(key: str, value: Any) -> int:
         if number.is_integer() and abs(number) < 2**63:
             return int(number)
     raise InputError(f"{key}: must be an integer, got {value!r}"[:200])
+
+
+def or_empty(value: Any) -> Any:
+    """``{}`` for a key that is absent or null (YAML's empty value), else the value as written
+    (a wrong type is left for the reader to refuse by name)."""
+    return {} if value is None else value

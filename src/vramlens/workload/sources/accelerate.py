@@ -18,6 +18,7 @@ from typing import Any, Final
 from vramlens.workload.sources._common import list_leftovers
 from vramlens.workload.sources._mapping import MappingBuilder, SourcedWorkload
 from vramlens.workload.sources._text import as_int, truthy
+from vramlens.workload.sources._text import or_empty as _or_empty
 from vramlens.workload.sources.shared import ReadContext, map_fsdp_words, merge_deepspeed
 
 __all__ = ["detect", "read"]
@@ -87,7 +88,7 @@ def _precision(out: MappingBuilder, data: Mapping[str, Any]) -> None:
 
 
 def _fsdp(out: MappingBuilder, data: Mapping[str, Any], processes: int) -> None:
-    config = data.get("fsdp_config") or {}
+    config = _or_empty(data.get("fsdp_config"))
     if not isinstance(config, Mapping):
         raise out.fail("fsdp_config", f"expected a mapping, got {type(config).__name__}")
     map_fsdp_words(out, "fsdp_config", [], config)
@@ -99,7 +100,7 @@ def _fsdp(out: MappingBuilder, data: Mapping[str, Any], processes: int) -> None:
 
 
 def _deepspeed(out: MappingBuilder, data: Mapping[str, Any], ctx: ReadContext) -> None:
-    config = data.get("deepspeed_config") or {}
+    config = _or_empty(data.get("deepspeed_config"))
     if not isinstance(config, Mapping):
         raise out.fail("deepspeed_config", f"expected a mapping, got {type(config).__name__}")
     out.set("framework", "deepspeed", "distributed_type", shown="DEEPSPEED")

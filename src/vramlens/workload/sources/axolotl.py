@@ -23,6 +23,7 @@ from vramlens.workload.sources._common import (
 )
 from vramlens.workload.sources._mapping import MappingBuilder, SourcedWorkload
 from vramlens.workload.sources._text import as_int, truthy
+from vramlens.workload.sources._text import or_empty as _or_empty
 from vramlens.workload.sources.shared import ReadContext, map_fsdp_words, merge_deepspeed
 
 __all__ = ["detect", "read"]
@@ -188,8 +189,8 @@ def _sharding(out: MappingBuilder, data: Mapping[str, Any], ctx: ReadContext) ->
     if data.get("deepspeed"):
         merge_deepspeed(out, "deepspeed", data["deepspeed"], ctx)
     fsdp = data.get("fsdp")
-    config = data.get("fsdp_config") or {}
-    if fsdp or config or data.get("fsdp_version"):
+    config = _or_empty(data.get("fsdp_config"))
+    if fsdp or config or data.get("fsdp_version") or not isinstance(config, Mapping):
         if not isinstance(config, Mapping):
             raise out.fail("fsdp_config", f"expected a mapping, got {type(config).__name__}")
         words = fsdp if isinstance(fsdp, list) else str(fsdp or "full_shard").split()

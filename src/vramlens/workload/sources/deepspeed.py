@@ -19,6 +19,7 @@ from typing import Any, Final
 from vramlens.workload.sources._common import list_leftovers
 from vramlens.workload.sources._mapping import MappingBuilder, SourcedWorkload
 from vramlens.workload.sources._text import as_int, truthy
+from vramlens.workload.sources._text import or_empty as _or_empty
 from vramlens.workload.sources.shared import ReadContext
 
 __all__ = ["detect", "read"]
@@ -66,7 +67,7 @@ def read(data: Mapping[str, Any], ctx: ReadContext) -> SourcedWorkload:
     out.fixed("framework", "deepspeed", "bf16/fp16 params and grads, fp32 master in the optimizer")
     gpus = _batch(out, data)
     _precision(out, data)
-    zero = data.get("zero_optimization") or {}
+    zero = _or_empty(data.get("zero_optimization"))
     if not isinstance(zero, Mapping):
         raise out.fail("zero_optimization", f"expected a mapping, got {type(zero).__name__}")
     _zero(out, zero, gpus)

@@ -19,6 +19,7 @@ from typing import Any, Final
 from vramlens.workload.sources._common import COMMON_IGNORED_PREFIXES, ignored, list_leftovers
 from vramlens.workload.sources._mapping import MappingBuilder, SourcedWorkload
 from vramlens.workload.sources._text import as_int, truthy
+from vramlens.workload.sources._text import or_empty as _or_empty
 from vramlens.workload.sources.shared import ReadContext
 
 __all__ = ["detect", "read"]
@@ -153,7 +154,7 @@ def _devices(out: MappingBuilder, data: Mapping[str, Any]) -> int:
 
 
 def _batch(out: MappingBuilder, data: Mapping[str, Any], processes: int) -> None:
-    train = data.get("train") or {}
+    train = _or_empty(data.get("train"))
     if not isinstance(train, Mapping):
         raise out.fail("train", f"expected a mapping, got {type(train).__name__}")
     micro = as_int(f"{NAME} train.micro_batch_size", train.get("micro_batch_size", 4))
