@@ -221,3 +221,48 @@ def test_gpu_table_does_not_import_torch() -> None:
     code = "import sys, vramlens.hardware as h; h.gpu_table(); h.resolve_gpu('h100'); assert 'torch' not in sys.modules"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+# ---- names as nvidia-smi and torch print them; cards with the same memory -------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "name"),
+    [
+        ("NVIDIA GeForce RTX 4090", "rtx-4090-pcie-24gb"),  # nvidia-smi / torch.cuda.get_device_name()
+        ("NVIDIA H100 80GB HBM3", "h100-sxm-80gb"),
+        ("NVIDIA A100-SXM4-40GB", "a100-sxm-40gb"),
+        ("Tesla V100-SXM2-32GB", "v100-sxm2-32gb"),
+        ("NVIDIA A100 80GB PCIe", "a100-pcie-80gb"),
+        ("Tesla T4", "t4-pcie-16gb"),
+        ("NVIDIA L40S", "l40s-pcie-48gb"),
+        ("NVIDIA H20", "h20-sxm-96gb"),
+        ("NVIDIA GeForce RTX 5080", "rtx-5080-pcie-16gb"),
+        ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "rtx-pro-6000-blackwell-96gb"),
+        ("AMD Instinct MI325X", "mi325x-oam-256gb"),
+        ("nvidia_geforce_rtx_3090", "rtx-3090-pcie-24gb"),
+        ("GeForce RTX 5090", "rtx-5090-pcie-32gb"),
+    ],
+)
+def test_names_as_nvidia_smi_and_torch_print_them(text: str, name: str) -> None:
+    assert resolve_gpu(text).name == name
+
+
+def test_current_cards_are_in_the_table() -> None:
+    for name in ("rtx-5090-pcie-32gb", "rtx-5080-pcie-16gb", "b200-sxm-180gb", "gb200-superchip-186gb", "h20-sxm-96gb",
+                 "l40s-pcie-48gb", "mi300x-oam-192gb", "mi325x-oam-256gb", "rtx-pro-6000-blackwell-96gb"):  # fmt: skip
+        assert name in NAMES
+
+
+def test_same_memory_lists_cards_sold_with_that_size() -> None:
+    from vramlens.hardware import same_memory
+
+    assert [g.name for g in same_memory(resolve_gpu("NVIDIA GeForce RTX 4090"))] == [
+        "rtx-3090-pcie-24gb", "a10g-pcie-24gb", "l4-pcie-24gb", "a10-pcie-24gb"]  # fmt: skip
+    assert {g.name for g in same_memory(resolve_gpu("80GiB"))} == {
+        "h100-sxm-80gb", "h100-pcie-80gb", "a100-sxm-80gb", "a100-pcie-80gb"}  # fmt: skip
+
+
+def test_an_unknown_name_with_a_size_suggests_cards_with_that_memory() -> None:
+    message = error_for("NVIDIA A100-PCIE-40GB")
+    assert "cards sold with 40 GB: a100-sxm-40gb (or give the size, '40GB')" in message

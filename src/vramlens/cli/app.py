@@ -16,6 +16,7 @@ from vramlens._version import __version__
 from vramlens.cli.activations import activations_command
 from vramlens.cli.estimate import estimate_command
 from vramlens.cli.experiment import experiment_command
+from vramlens.cli.gpus import gpus_command
 from vramlens.cli.models import models
 from vramlens.cli.plan import plan_command
 from vramlens.cli.rlhf import rlhf_command
@@ -37,6 +38,7 @@ def cli() -> None:
 cli.add_command(activations_command)
 cli.add_command(estimate_command)
 cli.add_command(experiment_command)
+cli.add_command(gpus_command)
 cli.add_command(models)
 cli.add_command(plan_command)
 cli.add_command(serve_command)

@@ -2,7 +2,10 @@
 
 Data lives in ``gpus.json`` beside this module (one object per GPU with the
 source of every figure). ``gpu`` in a workload is a name or alias from the
-table, or a plain size such as ``"24GiB"`` for anything else.
+table, or a plain size such as ``"24GiB"`` for anything else. Names are also read as
+``nvidia-smi`` and ``torch.cuda.get_device_name()`` print them (``"NVIDIA GeForce RTX 4090"``,
+``"NVIDIA H100 80GB HBM3"``, ``"Tesla V100-SXM2-32GB"``): case, spaces and underscores do not
+matter, and a leading ``NVIDIA``/``AMD``/``Tesla``/``GeForce`` may be left out.
 
 Capacity (``memory_bytes``) is what CUDA reports as the device's total memory
 (``torch.cuda.get_device_properties().total_memory``), which is what a process
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -22,7 +26,12 @@ from typing import Any
 from vramlens.errors import InputError
 from vramlens.units import MiB, parse_size
 
-__all__ = ["GpuSpec", "gpu_table", "resolve_gpu"]
+__all__ = ["GpuSpec", "gpu_table", "normalize_gpu_name", "resolve_gpu", "same_memory"]
+
+#: Words a vendor prints before the model name; a name is also looked up without them.
+_PREFIXES = ("nvidia-geforce-", "nvidia-", "amd-instinct-", "amd-", "tesla-", "geforce-")
+#: Relative difference of capacity under which two cards count as having the same memory.
+SAME_MEMORY_TOLERANCE = 0.03
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -37,6 +46,8 @@ class GpuSpec:
     capacity_basis: str
     """"torch total_memory", "nvidia-smi total", "marketing" or "user size"."""
     aliases: tuple[str, ...] = ()
+    marketed_gb: int | None = None
+    """The memory size the vendor sells the card with (``80`` for an "80GB" card); None for user sizes."""
     vendor: str | None = None
     architecture: str | None = None
     memory_bandwidth_bytes_per_s: float | None = None
@@ -63,6 +74,7 @@ def _from_json(raw: dict[str, Any]) -> GpuSpec:
         memory_bytes=memory,
         capacity_basis=basis,
         aliases=tuple(raw.get("aliases", ())),
+        marketed_gb=int(raw["memory_gib_marketing"]),
         vendor=raw.get("vendor"),
         architecture=raw.get("architecture"),
         memory_bandwidth_bytes_per_s=raw.get("memory_bandwidth_bytes_per_s"),
@@ -80,19 +92,58 @@ def gpu_table() -> tuple[GpuSpec, ...]:
     return tuple(_from_json(raw) for raw in json.loads(text))
 
 
+def normalize_gpu_name(text: str) -> str:
+    """A GPU name as the table's keys are written: lower case, words joined by ``-``
+    (``"NVIDIA GeForce RTX 4090"`` -> ``"nvidia-geforce-rtx-4090"``)."""
+    return re.sub(r"[\s_\-]+", "-", text.strip().lower().replace("(tm)", "").replace("(r)", "")).strip("-")
+
+
+def _candidates(key: str) -> list[str]:
+    """``key`` and its forms without a leading vendor word."""
+    keys = [key]
+    for prefix in _PREFIXES:
+        if key.startswith(prefix):
+            keys.append(key[len(prefix) :])
+    return keys
+
+
 @cache
 def _index() -> dict[str, GpuSpec]:
     index: dict[str, GpuSpec] = {}
     for gpu in gpu_table():
-        for key in (gpu.name, *gpu.aliases):
-            index.setdefault(key.lower(), gpu)
+        for key in (gpu.name, *gpu.aliases, gpu.display_name):
+            for form in _candidates(normalize_gpu_name(key)):
+                index.setdefault(form, gpu)
     return index
+
+
+def _lookup(value: str) -> GpuSpec | None:
+    index = _index()
+    for key in _candidates(normalize_gpu_name(value)):
+        if key in index:
+            return index[key]
+    return None
+
+
+def same_memory(gpu: GpuSpec) -> list[GpuSpec]:
+    """The other cards of the table sold with the same memory (a user size: within
+    :data:`SAME_MEMORY_TOLERANCE` of its bytes), closest capacity first."""
+    if gpu.marketed_gb is not None:
+        close = [g for g in gpu_table() if g.marketed_gb == gpu.marketed_gb and g.name != gpu.name]
+    else:
+        close = [
+            g for g in gpu_table() if abs(g.memory_bytes - gpu.memory_bytes) <= SAME_MEMORY_TOLERANCE * gpu.memory_bytes
+        ]
+    return sorted(close, key=lambda g: (abs(g.memory_bytes - gpu.memory_bytes), g.name))
+
+
+_SIZE_IN_NAME = re.compile(r"(?<![0-9])([0-9]{1,3})\s*gb?(?![a-z0-9])", re.IGNORECASE)
 
 
 def resolve_gpu(value: str, *, field_name: str = "gpu") -> GpuSpec:
     """A GPU from the table by name or alias, or a custom one from a size ("24GiB", "80 GB")."""
     key = value.strip().lower()
-    gpu = _index().get(key)
+    gpu = _lookup(value)
     if gpu is not None:
         return gpu
     if key[:1].isdigit():
@@ -102,7 +153,19 @@ def resolve_gpu(value: str, *, field_name: str = "gpu") -> GpuSpec:
         return GpuSpec(
             name=value.strip(), display_name=f"GPU with {value.strip()}", memory_bytes=size, capacity_basis="user size"
         )
-    names = ", ".join(g.name for g in gpu_table())
+    raise InputError(f"{field_name}: unknown GPU {value!r}{_hint(value)}; expected a size such as '24GiB' or one of "
+                     f"{', '.join(g.name for g in gpu_table())}")  # fmt: skip
+
+
+def _hint(value: str) -> str:
+    """ "did you mean" for a close name, and the cards with the memory a name states ("A100-PCIE-40GB")."""
+    key = normalize_gpu_name(value)
     close = difflib.get_close_matches(key, list(_index()), n=1)
     hint = f" (did you mean {_index()[close[0]].name!r}?)" if close else ""
-    raise InputError(f"{field_name}: unknown GPU {value!r}{hint}; expected a size such as '24GiB' or one of {names}")
+    size = _SIZE_IN_NAME.search(value)
+    if size is not None:
+        marketed = int(size.group(1))
+        cards = [g.name for g in gpu_table() if g.marketed_gb == marketed]
+        if cards:
+            hint += f"; cards sold with {marketed} GB: {', '.join(cards)} (or give the size, '{marketed}GB')"
+    return hint
