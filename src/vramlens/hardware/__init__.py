@@ -131,8 +131,12 @@ def same_memory(gpu: GpuSpec) -> list[GpuSpec]:
     if gpu.marketed_gb is not None:
         close = [g for g in gpu_table() if g.marketed_gb == gpu.marketed_gb and g.name != gpu.name]
     else:
+        sold = {gpu.memory_bytes / 10**9, gpu.memory_bytes / 2**30}  # "48GB" or "48GiB": cards sold as 48 GB
         close = [
-            g for g in gpu_table() if abs(g.memory_bytes - gpu.memory_bytes) <= SAME_MEMORY_TOLERANCE * gpu.memory_bytes
+            g
+            for g in gpu_table()
+            if g.marketed_gb in sold
+            or abs(g.memory_bytes - gpu.memory_bytes) <= SAME_MEMORY_TOLERANCE * gpu.memory_bytes
         ]
     return sorted(close, key=lambda g: (abs(g.memory_bytes - gpu.memory_bytes), g.name))
 
