@@ -122,6 +122,7 @@ def _assert_page_shows(page: Any, table: list[str]) -> None:
     text = "\n".join(table)
     assert page.inner_text("#title") == table[0]
     assert page.inner_text("#fit") == table[1]
+    assert page.inner_text("#settings") == f"{table[2]} {table[3].strip()}"
     for level, peak, what in page.eval_on_selector_all(
         "#levels tbody tr", "rows => rows.map(r => [...r.cells].map(c => c.textContent))"
     ):

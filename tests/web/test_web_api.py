@@ -197,7 +197,7 @@ def test_report_download_is_the_cli_html_report(client: Any, cli: Any, tmp_path:
 def test_openapi_schema_documents_every_route_and_no_cdn_page(client: Any) -> None:
     schema = client.get("/openapi.json").json()
     assert set(schema["paths"]) == {
-        "/api/models", "/api/gpus", "/api/estimate", "/api/plan", "/api/report.html", "/api/config", "/api/snapshot",
+        "/api/models", "/api/gpus", "/api/estimate", "/api/plan", "/api/report.html", "/api/config", "/api/snapshot", "/api/from",
     }  # fmt: skip
     body = schema["paths"]["/api/estimate"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert body["required"] == ["model"] and "fsdp" in body["properties"]["parallel"]["properties"]["shard"]["enum"]

@@ -24,12 +24,12 @@ __all__ = ["FLAGS", "estimate_command", "with_workload_options", "workload_argum
 FLAGS: dict[str, tuple[str, str]] = {
     "mode": ("mode", "train | infer"),
     "gpu": ("gpu", "GPU name (h100-80gb, a100-80gb, rtx-4090, ...) or a size such as 24GiB"),
-    "framework": ("framework", "auto | hf | torchtitan | torchtune | litgpt | megatron | deepspeed | vllm"),
+    "framework": ("framework", "auto | hf | torchtitan | torchtune | litgpt | megatron | deepspeed | vllm (auto: hf)"),
     "method": ("method", "full | lora | qlora | freeze"),
     "precision": ("precision", "fp32 | bf16 | fp16 | mixed-bf16 | mixed-fp16"),
     "quant": ("quant", "none | int8 | nf4 | nf4-dq | gptq-int4 | gptq-int8 | awq-int4 | fp8"),
     "optimizer": ("optimizer", "adamw | adamw-8bit | paged-adamw | paged-adamw-8bit | adafactor | sgd | lion"),
-    "optimizer-impl": ("optimizer_impl", "auto | per-tensor | foreach | fused"),
+    "optimizer-impl": ("optimizer_impl", "auto | per-tensor | foreach | fused (auto: the framework's own)"),
     "batch": ("batch", "micro-batch per data-parallel rank"),
     "seq": ("seq", "tokens per sample (e.g. 4096 or 8k)"),
     "grad-accum": ("grad_accum", "gradient accumulation steps"),
@@ -88,12 +88,35 @@ def _overrides(options: dict[str, Any]) -> dict[str, Any]:
     return overrides
 
 
+def _default(path: str) -> str:
+    """The contract default of a workload key (``batch``, ``lora.rank``, ``parallel.gpus``) as --help shows it."""
+    import dataclasses
+
+    from vramlens.workload.spec import LoraConfig, Parallelism, Workload
+
+    block, _, key = path.rpartition(".")
+    owner = {"": Workload, "lora": LoraConfig, "parallel": Parallelism}[block]
+    field = next(f for f in dataclasses.fields(owner) if f.name == key)  # type: ignore[arg-type]
+    value = field.default
+    if value is None:
+        return "none" if key != "gpu" else "none: no fit check"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, tuple):
+        return ", ".join(value) or "none"
+    return str(getattr(value, "value", value))
+
+
 def _with_workload_options(func: Callable[..., Any]) -> Callable[..., Any]:
     func = from_options(func)
-    for flag, (_, help_text) in reversed(list(SWITCHES.items())):
-        func = click.option(f"--{flag}/--no-{flag}", default=None, help=help_text)(func)
-    for flag, (_, help_text) in reversed(list(FLAGS.items())):
-        func = click.option(f"--{flag}", default=None, metavar="VALUE", help=help_text)(func)
+    for flag, (path, help_text) in reversed(list(SWITCHES.items())):
+        func = click.option(f"--{flag}/--no-{flag}", default=None, help=f"{help_text} [default: {_default(path)}]")(
+            func
+        )
+    for flag, (path, help_text) in reversed(list(FLAGS.items())):
+        func = click.option(
+            f"--{flag}", default=None, metavar="VALUE", help=f"{help_text} [default: {_default(path)}]"
+        )(func)
     return func
 
 

@@ -39,6 +39,7 @@ from vramlens.errors import InputError
 from vramlens.report.model import MemoryReport
 from vramlens.report.palette import swatch
 from vramlens.report.series import DEFAULT_POINTS, StackedSeries, report_series
+from vramlens.report.settings import applicable_inputs, settings_line
 from vramlens.trace.timeline import CATEGORY_ORDER, Timeline
 from vramlens.units import format_bytes
 
@@ -231,9 +232,11 @@ def _header(report: MemoryReport, series: StackedSeries) -> str:
         ("drawn", _drawn(series)),
     ]
     cells = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in rows)
+    line = settings_line(report)
+    settings = f'<p class="settings" id="settings">{_e(line)}</p>' if line else ""
     return (
         f'<header><h1><span class="model">{_e(report.model)}</span></h1>'
-        f'<p class="sub">{_e(report.engine)} report, per GPU</p><dl class="summary">{cells}</dl></header>'
+        f'<p class="sub">{_e(report.engine)} report, per GPU</p>{settings}<dl class="summary">{cells}</dl></header>'
     )
 
 
@@ -358,17 +361,11 @@ def _modules_section(items: Any) -> str:
 
 
 def _inputs_section(workload: Mapping[str, Any]) -> str:
+    """The workload keys that apply to the run (mode, method, engine), one row each (``lora.rank``)."""
     if not workload:
         return '<section id="inputs"><h2>Inputs</h2><p>No workload recorded.</p></section>'
-    rows = "".join(f"<tr><th>{_e(key)}</th><td>{_e(_plain(value))}</td></tr>" for key, value in workload.items())
+    rows = "".join(f"<tr><th>{_e(key)}</th><td>{_e(value)}</td></tr>" for key, value in applicable_inputs(workload))
     return f'<section id="inputs"><h2>Inputs</h2><table class="kv"><tbody>{rows}</tbody></table></section>'
-
-
-def _plain(value: Any) -> str:
-    """A workload value as text (nested values as compact JSON)."""
-    if isinstance(value, str):
-        return value
-    return json.dumps(value, separators=(", ", ": "), default=str)
 
 
 def _assumptions_section(assumptions: Sequence[str]) -> str:

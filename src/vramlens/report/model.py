@@ -196,6 +196,7 @@ class MemoryReport:
             "headroom_bytes": self.headroom_bytes,
             "terms": [term.to_dict() for term in self.terms],
             "assumptions": list(self.assumptions),
+            "settings": _settings(self),
             "serving": None if self.serving is None else self.serving.to_dict(),
             "timeline": None if self.timeline is None else _timeline_summary(self.timeline),
             "workload": self.workload_dict,
@@ -209,6 +210,13 @@ class MemoryReport:
         from vramlens.workload.load import workload_to_dict
 
         return workload_to_dict(self.workload)
+
+
+def _settings(report: MemoryReport) -> list[dict[str, Any]]:
+    """The report's main settings and where each came from (:mod:`vramlens.report.settings`)."""
+    from vramlens.report.settings import settings_dicts
+
+    return settings_dicts(report)
 
 
 def _timeline_summary(timeline: Timeline) -> dict[str, Any]:

@@ -167,10 +167,13 @@ def report_renderable(report: MemoryReport, *, explain: bool = False, ascii_only
     """The rich renderable of a report (for the terminal): the tables and the stacked timeline
     (:mod:`vramlens.report.timeline_text`). ``ascii_only``: plain ASCII pictures and table rules
     (also chosen at print time when the console cannot show Unicode blocks)."""
+    from vramlens.report.settings import settings_lines
+
     title = Text(headline(report), style="bold")
     parts: list[object] = [
         title,
         fit_line(report),
+        *(Text(line) for line in settings_lines(report)),
         timeline_renderable(report, ascii_only=ascii_only),
         _levels_table(report),
         _breakdown_table(report, ascii_only=ascii_only),
@@ -206,6 +209,11 @@ def markdown_report(report: MemoryReport, *, explain: bool = False) -> str:
             else f"does **not** fit {capacity}: short by {format_bytes(-headroom)}"
         )
         lines += [verdict, ""]
+    from vramlens.report.settings import settings_lines
+
+    settings = settings_lines(report)
+    if settings:
+        lines += [settings[0] + "  ", settings[1].strip(), ""]
     lines += ["| level | peak |", "|---|---:|"]
     lines += [
         f"| {name} | {format_bytes(value)} |"

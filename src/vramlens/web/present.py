@@ -77,10 +77,13 @@ def _phases(report: MemoryReport) -> list[dict[str, Any]]:
 
 
 def present_report(report: MemoryReport) -> dict[str, Any]:
-    """The page's view of a report: headline, fit, levels, breakdown, phases, serving, assumptions."""
+    """The page's view of a report: headline, fit, settings, levels, breakdown, phases, serving, assumptions."""
+    from vramlens.report.settings import settings_line
+
     headroom = report.headroom_bytes
     return {
         "title": headline(report),
+        "settings": settings_line(report) or "",
         "fit": {
             "fits": report.fits,
             "text": fit_line(report).plain,

@@ -10,6 +10,7 @@
   const IDS = {
     title: "title", fit: "fit", stack: "stack", legend: "legend", levels: "levels", breakdown: "breakdown",
     breakdownTitle: "breakdown-title", phases: "phases", serving: "serving", assumptions: "assumptions",
+    settings: "settings",
   };
   let estimateSeq = 0;
   let planSeq = 0;
@@ -88,7 +89,7 @@
 
   // An invalid input leaves no figure of the previous workload on the page.
   function clearResult() {
-    for (const id of ["title", "fit"]) $(id).textContent = "";
+    for (const id of ["title", "fit", "settings"]) $(id).textContent = "";
     $("fit").className = "fit";
     for (const id of ["stack", "legend", "phases", "serving", "assumptions"]) $(id).replaceChildren();
     for (const id of ["levels", "breakdown"]) VL.fill($(id).tBodies[0], []);

@@ -86,6 +86,7 @@ const VL = (() => {
     const fit = $(ids.fit);
     fit.textContent = view.fit.text;
     fit.className = view.fit.fits === null ? "fit" : view.fit.fits ? "fit ok" : "fit bad";
+    if (ids.settings) $(ids.settings).textContent = view.settings || "";
     stack($(ids.stack), $(ids.legend), view.breakdown.rows);
     fill($(ids.levels).tBodies[0], view.levels.map((row) =>
       el("tr", { dataset: { level: row.level } }, el("td", {}, row.level), el("td", { class: "num" }, row.text),
