@@ -86,17 +86,36 @@ class ServingCapacity:
 
     @property
     def fits(self) -> bool | None:
-        """Whether the pool holds the workload's sequences at once; None without a pool."""
+        """Whether the pool holds the workload's sequences at once ("the batch fits the pool"); None without a pool."""
         if self.kv_pool_bytes is None:
             return None
         return self.kv_pool_bytes > 0 and self.kv_bytes_needed <= self.kv_pool_bytes
 
+    @property
+    def engine_bytes(self) -> int | None:
+        """vLLM: what the engine takes from its budget before the KV pool (weights, profiled activation
+        peak, non-torch memory, CUDA graphs) = budget - pool; None without a GPU."""
+        if self.budget_bytes is None or self.kv_pool_bytes is None:
+            return None
+        return self.budget_bytes - self.kv_pool_bytes
+
+    @property
+    def engine_starts(self) -> bool | None:
+        """vLLM: whether the engine starts - its weights, activation peak and non-torch memory leave a
+        KV pool that holds at least one sequence of ``tokens_per_sequence`` (vLLM refuses to start
+        when the pool cannot hold one sequence of ``max_model_len``); None without a GPU."""
+        if self.kv_pool_bytes is None:
+            return None
+        one = -(-self.kv_bytes_needed // max(self.sequences, 1))
+        return self.kv_pool_bytes > 0 and self.kv_pool_bytes >= one
+
     def to_dict(self) -> dict[str, Any]:
         names = (
             "engine", "sequences", "tokens_per_sequence", "kv_bytes_per_token", "kv_bytes_needed", "budget_bytes",
-            "kv_pool_bytes", "kv_block_bytes", "kv_blocks", "max_concurrent_sequences",
+            "kv_pool_bytes", "kv_block_bytes", "kv_blocks", "max_concurrent_sequences", "engine_bytes",
+            "engine_starts",
         )  # fmt: skip
-        return {name: getattr(self, name) for name in names} | {"fits": self.fits}
+        return {name: getattr(self, name) for name in names} | {"fits": self.fits, "batch_fits_pool": self.fits}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -156,21 +175,21 @@ class MemoryReport:
 
     @property
     def fits(self) -> bool | None:
-        """Whether the device-level peak fits the GPU (and, for vLLM, the sequences fit its KV
-        pool); None when no GPU was given."""
+        """Whether the device-level peak fits the GPU and, for vLLM, the engine starts and the
+        sequences fit its KV pool; None when no GPU was given."""
         if self.capacity_bytes is None:
             return None
-        pool_fits = self.serving.fits if self.serving is not None else None
-        return self.device_bytes <= self.capacity_bytes and pool_fits is not False
+        serving = self.serving
+        pool_fits = serving.fits if serving is not None else None
+        starts = serving.engine_starts if serving is not None else None
+        return self.device_bytes <= self.capacity_bytes and pool_fits is not False and starts is not False
 
     @property
     def headroom_bytes(self) -> int | None:
-        """Capacity minus the device-level peak (negative: short by that much); for vLLM, its
-        KV pool minus the KV the sequences need."""
+        """Capacity minus the device-level peak (negative: short by that much), for every engine:
+        vLLM's pool is part of that peak, and how full the pool is stands in ``serving``."""
         if self.capacity_bytes is None:
             return None
-        if self.serving is not None and self.serving.kv_pool_bytes is not None:
-            return self.serving.kv_pool_bytes - self.serving.kv_bytes_needed
         return self.capacity_bytes - self.device_bytes
 
     def to_dict(self) -> dict[str, Any]:

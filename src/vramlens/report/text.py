@@ -20,6 +20,7 @@ from rich.text import Text
 
 from vramlens.categories import Category
 from vramlens.report.model import MemoryReport, PhaseMemory
+from vramlens.report.serving_text import serving_lines, vllm_fit_sentence
 from vramlens.report.timeline_text import ASCII_TABLE_BOX, Bar, bar, timeline_renderable
 from vramlens.units import format_bytes
 
@@ -120,6 +121,9 @@ def fit_line(report: MemoryReport) -> Text:
     CLI prints it and the web page shows it."""
     if report.capacity_bytes is None:
         return Text("no GPU given: pass --gpu (e.g. h100-80gb or 24GiB) to check the fit")
+    vllm = vllm_fit_sentence(report)
+    if vllm is not None:
+        return Text(vllm[0], style="bold green" if vllm[1] else "bold red")
     headroom = report.headroom_bytes or 0
     if report.fits:
         return Text(
@@ -130,27 +134,6 @@ def fit_line(report: MemoryReport) -> Text:
         f"does NOT fit {report.gpu} ({format_bytes(report.capacity_bytes)}): short by {format_bytes(-headroom)}",
         style="bold red",
     )
-
-
-def serving_lines(report: MemoryReport) -> list[str]:
-    """Plain-text lines about the KV cache: what the sequences need and, for vLLM, the pool."""
-    serving = report.serving
-    if serving is None:
-        return []
-    lines = [
-        f"KV cache: {format_bytes(serving.kv_bytes_per_token)} per token; {serving.sequences} sequences x "
-        f"{serving.tokens_per_sequence} tokens need {format_bytes(serving.kv_bytes_needed)}"
-    ]
-    if serving.kv_pool_bytes is not None and serving.budget_bytes is not None:
-        pool = serving.kv_pool_bytes
-        lines.append(
-            f"vLLM KV pool: {format_bytes(max(pool, 0))} of its {format_bytes(serving.budget_bytes)} budget "
-            f"(gpu_memory_utilization x capacity) = {serving.kv_blocks} blocks of {format_bytes(serving.kv_block_bytes or 0)}; "
-            f"up to {serving.max_concurrent_sequences} concurrent sequences of {serving.tokens_per_sequence} tokens"
-        )
-        if pool <= 0:
-            lines.append("vLLM would not start: weights, activations and runtime leave no memory for the KV cache")
-    return lines
 
 
 def _terms_table(report: MemoryReport) -> Table:
@@ -208,6 +191,9 @@ def markdown_report(report: MemoryReport, *, explain: bool = False) -> str:
             if report.fits
             else f"does **not** fit {capacity}: short by {format_bytes(-headroom)}"
         )
+        vllm = vllm_fit_sentence(report)
+        if vllm is not None:
+            verdict = vllm[0].replace("NOT", "**not**")
         lines += [verdict, ""]
     from vramlens.report.settings import settings_lines
 
