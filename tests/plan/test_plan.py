@@ -82,18 +82,22 @@ def test_method_change_offers_qlora_for_70b_on_one_gpu() -> None:
 
 
 def test_impossible_request_names_the_smallest_setup() -> None:
-    """Llama-3.1-405B full fine-tune: 405e9 x 16 B = 6.5 TB of training state; one A100-80GB
-    cannot hold even its bf16 weights (810 GB), so the plan is empty and says how many A100s
-    would do (a power of two found by growing gpus with sharding)."""
-    result = plan({"model": "llama-3.1-405b"}, gpu="a100-80gb", gpus=1)
+    """Llama-3.1-405B full fine-tune on one 24 GB L4: even with ZeRO-3 and everything offloaded
+    to the CPU, two of its layers gathered at once (2 x 3.2e9 parameters, fp32 under autocast) do
+    not fit, so the plan is empty and says how many L4s would do (a power of two found by growing
+    gpus with sharding). (One A100-80GB does hold that: ZeRO-Infinity's offload of parameters,
+    gradients and optimizer state to host memory, which the planner offers.)"""
+    result = plan({"model": "llama-3.1-405b"}, gpu="l4", gpus=1)
     assert result.candidates == ()
     assert result.impossible is not None and "nothing fits" in result.impossible
-    smallest = min_gpus({"model": "llama-3.1-405b"}, "a100-80gb")
+    smallest = min_gpus({"model": "llama-3.1-405b"}, "l4")
     assert smallest is not None and smallest > 1
     assert f"{smallest} x" in result.impossible
     # consistent with the planner itself: that many GPUs give a plan, half as many do not
-    assert plan({"model": "llama-3.1-405b"}, gpu="a100-80gb", gpus=smallest, max_candidates=1).candidates
-    assert not plan({"model": "llama-3.1-405b"}, gpu="a100-80gb", gpus=smallest // 2).candidates
+    assert plan({"model": "llama-3.1-405b"}, gpu="l4", gpus=smallest, max_candidates=1).candidates
+    assert not plan({"model": "llama-3.1-405b"}, gpu="l4", gpus=smallest // 2).candidates
+    offloaded = plan({"model": "llama-3.1-405b"}, gpu="a100-80gb", gpus=1, max_candidates=1).candidates
+    assert offloaded and offloaded[0].workload.parallel.offload.value == "optimizer+params"
 
 
 def _seed_004_workloads() -> dict[str, dict[str, Any]]:
@@ -193,14 +197,13 @@ def test_cheapest_change_of_a_fitting_run_is_no_change() -> None:
 
 
 def test_smallest_gpu_count_need_not_be_a_power_of_two() -> None:
-    """Qwen2.5-32B full fine-tune (32.8e9 parameters, 16 B each in mixed AdamW = 524 GB): on
-    A100-80GB it needs FSDP with CPU offload, which fits 3 GPUs but not 2 (planner output,
-    51 GiB per GPU on 3). Powers of two alone would answer 4; the refinement between the
-    first fitting power of two and half of it finds 3."""
-    user = {"model": "qwen2.5-32b", "batch": 1}
-    assert min_gpus(user, "a100-80gb") == 3
-    assert plan(user, gpu="a100-80gb", gpus=3, max_candidates=1).candidates
-    assert not plan(user, gpu="a100-80gb", gpus=2).candidates
+    """DeepSeek-V3 full fine-tune (671e9 parameters) on 16 GB T4s: beyond one 8-GPU node the
+    search tries whole nodes between the first fitting power of two and half of it, and finds
+    48 (six nodes), not 64: 48 fit (ZeRO-3 with everything offloaded), 40 do not."""
+    user = {"model": "deepseek-v3", "batch": 1}
+    assert min_gpus(user, "t4") == 48
+    assert plan(user, gpu="t4", gpus=48, max_candidates=1).candidates
+    assert not plan(user, gpu="t4", gpus=40).candidates
 
 
 def test_a_user_on_the_fused_loss_is_not_offered_chunking() -> None:

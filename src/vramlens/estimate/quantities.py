@@ -17,6 +17,7 @@ from vramlens.estimate.frameworks import MixedStyle
 from vramlens.estimate.fsdp import Unsharded, casts_outputs, fsdp_memory
 from vramlens.estimate.layout import EMBED_NAMES, StageView, effective_quant
 from vramlens.estimate.logits import LogitsMemory, logits_memory
+from vramlens.estimate.offload import gradient_buffers
 from vramlens.estimate.optimizers import OptimizerModel, optimizer_model
 from vramlens.estimate.qlora import dequantized_bytes, with_head_weight_cast
 from vramlens.estimate.recompute import LayerActivations, layer_activations, train_state
@@ -109,6 +110,8 @@ def _weights_and_state(ctx: TrainingContext, mem: StageMemory) -> None:
     on_cpu_params = parallel.offload is Offload.OPTIMIZER_PARAMS
     on_cpu_state = parallel.offload is not Offload.NONE
     optimizer = optimizer_model(ctx.workload.optimizer)
+    buffers = gradient_buffers(ctx, stage)
+    on_cpu_grads = buffers is not None and buffers.partitions_on_cpu
     params = 0.0 if on_cpu_params else stage.frozen_bytes / d_param
     for group in stage.trainable:
         if not on_cpu_params:
@@ -131,12 +134,15 @@ def _weights_and_state(ctx: TrainingContext, mem: StageMemory) -> None:
                 master / d_state,
                 _per_element_formula(group.elements, group.master_bytes, d_state),
             )
-        mem.grads += mem.add(
-            f"gradients ({group.name})",
-            Category.GRADIENTS,
-            group.elements * group.grad_bytes / d_grad,
-            _per_element_formula(group.elements, group.grad_bytes, d_grad),
-        )
+        if not on_cpu_grads:
+            mem.grads += mem.add(
+                f"gradients ({group.name})",
+                Category.GRADIENTS,
+                group.elements * group.grad_bytes / d_grad,
+                _per_element_formula(group.elements, group.grad_bytes, d_grad),
+            )
+    if buffers is not None and buffers.buffer_bytes:
+        mem.grad_buckets = mem.add("ZeRO reduce buckets", Category.GRADIENTS, buffers.buffer_bytes, buffers.formula)
     mem.params = mem.add(
         "parameters",
         Category.PARAMETERS,
@@ -154,7 +160,8 @@ def _weights_and_state(ctx: TrainingContext, mem: StageMemory) -> None:
         head = ctx.spec.vocab_size * ctx.spec.hidden_size // parallel.tp
         mem.head_grads = int(head * ctx.grad_bytes / d_grad)
     if ctx.full:
-        mem.layer_grads = min(mem.grads, int(stage.layer_elements * ctx.grad_bytes / d_grad))
+        layer = int(stage.layer_elements * ctx.grad_bytes / d_grad)
+        mem.layer_grads = layer if on_cpu_grads else min(mem.grads, layer)
 
 
 def _activations(ctx: TrainingContext, mem: StageMemory, acts: LayerActivations) -> None:

@@ -9,7 +9,8 @@ recompute               none, full every 4th layer, every 2nd, every layer, offl
                         none, selective, full every layer, offload (two chains)
 loss                    the user's, then the more saving of chunked, fused-linear (Liger)
 optimizer               the user's; for AdamW also adamw-8bit, paged-adamw-8bit (bitsandbytes)
-offload                 none, optimizer, optimizer+params (only where the strategy allows it)
+offload                 none, optimizer, optimizer+params (only where the strategy allows it; ZeRO-1/2
+                        with and without offload are groups of their own: not monotone there)
 micro-batch             the samples per data-parallel rank (the user's global batch over the
                         layout's dp) split as batch x grad_accum, largest micro-batch first;
                         the global batch ``batch x grad_accum x dp`` never changes and layouts
@@ -157,19 +158,30 @@ def layouts(user: Workload, gpus: int) -> Iterator[Parallelism]:
 def groups(user: Workload, gpus: int, *, allow_method_change: bool) -> list[Group]:
     """The structural groups, the user's own method and precision first."""
     return [
-        Group(method=method, quant=quant, precision=precision, parallel=parallel)
+        Group(method=method, quant=quant, precision=precision, parallel=with_offload)
         for method, quant in _methods(user, allow_method_change)
         for precision in _precisions(user, allow_method_change)
         for parallel in layouts(user, gpus)
         if per_rank_samples(user, parallel)
+        for with_offload in _zero12_offloads(parallel)
     ]
+
+
+def _zero12_offloads(parallel: Parallelism) -> list[Parallelism]:
+    """ZeRO-1/2 layouts once without and once with optimizer offload, as groups of their own:
+    offloading there can raise the peak (DeepSpeed keeps a GPU staging buffer as large as the
+    largest parameter, ``temp_grad_buffer_for_gpu_offload``, which outweighs the sharded state of
+    a small optimizer such as Adafactor), so it is not a monotone knob axis."""
+    if parallel.shard not in (Shard.ZERO1, Shard.ZERO2):
+        return [parallel]
+    return [parallel, _with_offload(parallel, Offload.OPTIMIZER)]
 
 
 def _offloads(parallel: Parallelism) -> list[Offload]:
     if parallel.shard in (Shard.NONE, Shard.DDP):
         return [Offload.NONE]
     if parallel.shard not in PARAM_SHARDING:
-        return [Offload.NONE, Offload.OPTIMIZER]
+        return [parallel.offload]  # its group's own (_zero12_offloads)
     if parallel.dp == 1:  # ZeRO-3 on one data-parallel rank only makes sense with offload
         return [Offload.OPTIMIZER, Offload.OPTIMIZER_PARAMS]
     return [Offload.NONE, Offload.OPTIMIZER, Offload.OPTIMIZER_PARAMS]
