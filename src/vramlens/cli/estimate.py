@@ -96,7 +96,7 @@ def _default(path: str) -> str:
 
     block, _, key = path.rpartition(".")
     owner = {"": Workload, "lora": LoraConfig, "parallel": Parallelism}[block]
-    field = next(f for f in dataclasses.fields(owner) if f.name == key)  # type: ignore[arg-type]
+    field = next(f for f in dataclasses.fields(owner) if f.name == key)
     value = field.default
     if value is None:
         return "none" if key != "gpu" else "none: no fit check"
