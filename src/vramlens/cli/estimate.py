@@ -24,7 +24,10 @@ __all__ = ["FLAGS", "estimate_command", "with_workload_options", "workload_argum
 FLAGS: dict[str, tuple[str, str]] = {
     "mode": ("mode", "train | infer"),
     "gpu": ("gpu", "GPU name (h100-80gb, a100-80gb, rtx-4090, ...) or a size such as 24GiB"),
-    "framework": ("framework", "auto | hf | torchtitan | torchtune | litgpt | megatron | deepspeed | vllm (auto: hf)"),
+    "framework": (
+        "framework",
+        "auto | hf | plain | torchtitan | torchtune | litgpt | megatron | deepspeed | vllm (auto: hf)",
+    ),
     "method": ("method", "full | lora | qlora | freeze"),
     "precision": ("precision", "fp32 | bf16 | fp16 | mixed-bf16 | mixed-fp16"),
     "quant": ("quant", "none | int8 | nf4 | nf4-dq | gptq-int4 | gptq-int8 | awq-int4 | fp8"),

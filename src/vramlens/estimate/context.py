@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from vramlens.errors import InputError
 from vramlens.estimate._memo import memo
-from vramlens.estimate.frameworks import FrameworkProfile, MixedStyle, profile_for
+from vramlens.estimate.frameworks import PLAIN_NOTE, FrameworkProfile, MixedStyle, profile_for
 from vramlens.estimate.hf_attention import hf_attention_kernel
 from vramlens.estimate.qlora import kbit_notes, prepared_compute_bytes
 from vramlens.model.spec import ModelSpec
@@ -102,7 +102,7 @@ def _attention(workload: Workload, profile: FrameworkProfile, model_type: str, n
     if resolved is AttentionImpl.AUTO:
         resolved = profile.attention
     note = ""
-    if profile.name is Framework.HF:
+    if profile.name in (Framework.HF, Framework.PLAIN):  # transformers models: what transformers runs
         resolved, note = hf_attention_kernel(workload.attention, resolved, model_type)
     if note:
         notes.append(note)
@@ -183,6 +183,8 @@ def _settings(workload: Workload, model_type: str) -> dict[str, object]:
     profile, note = profile_for(workload.framework)
     sharded = workload.parallel.shard in (Shard.FSDP, Shard.HSDP, Shard.ZERO3)
     notes = [note] if note else []
+    if profile.name is Framework.PLAIN:
+        notes.append(PLAIN_NOTE)
     sizes = _dtypes(workload.precision, profile, sharded_params=sharded)
     sizes["compute"] = prepared_compute_bytes(
         workload, profile, compute=int(sizes["compute"]), autocast=bool(sizes["autocast"])

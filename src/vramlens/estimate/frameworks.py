@@ -13,7 +13,14 @@ from vramlens._compat import StrEnum
 from vramlens.errors import InputError
 from vramlens.workload.options import AttentionImpl, Framework, FsdpWrap, LossImpl, OptimizerImpl
 
-__all__ = ["FRAMEWORKS", "FrameworkProfile", "MixedStyle", "NormImpl", "profile_for"]
+__all__ = ["FRAMEWORKS", "PLAIN_NOTE", "FrameworkProfile", "MixedStyle", "NormImpl", "profile_for"]
+
+#: What the plain profile assumes, for the report (its precision is the workload's, not the loop's).
+PLAIN_NOTE = (
+    "framework plain: torch.optim.AdamW without fused= (foreach), full logits, nothing fused; mixed precision "
+    "means the loop runs its forward under torch.autocast (a loop without it trains in the weights' dtype: "
+    "--precision fp32 or bf16)"
+)
 
 
 class NormImpl(StrEnum):
@@ -112,6 +119,31 @@ FRAMEWORKS: dict[Framework, FrameworkProfile] = {
         "QLoRA: peft.prepare_model_for_kbit_training as in PEFT's and transformers' QLoRA guides, the QLoRA "
         "paper's qlora.py and TRL's SFTTrainer up to 0.26 (not under FSDP/ZeRO-3; TRL 0.27+ skips it)",
     ),
+    Framework.PLAIN: FrameworkProfile(
+        name=Framework.PLAIN,
+        description="a hand-written PyTorch loop over a transformers model: torch defaults, nothing fused",
+        optimizer_impl=OptimizerImpl.FOREACH,
+        attention=AttentionImpl.SDPA,
+        loss=LossImpl.FULL,
+        chunked_loss_chunks=8,
+        norm=NormImpl.HF_EAGER,
+        mixed=MixedStyle.AUTOCAST,
+        compiles_loss=False,
+        keeps_logits=False,
+        adapters_fp32=True,
+        fragmentation=0.08,
+        fsdp_wrap=FsdpWrap.ROOT,
+        loss_in_model=False,
+        kbit_prepare=False,
+        source="seed 002's loop: model = AutoModelForCausalLM.from_pretrained(...); optimizer = "
+        "torch.optim.AdamW(model.parameters()) (no fused=: torch picks the foreach kernels on CUDA, "
+        "torch.optim.optimizer._default_to_fused_or_foreach); loss = f(model(inputs).logits); loss.backward(); "
+        "optimizer.step(). transformers' default SDPA attention and fp32-computing RMSNorm; full logits, the "
+        "loss outside the model and nothing keeping the outputs object, so the logits die after the loss "
+        "(a loop that keeps `outputs` through backward is framework hf); PEFT adapters fp32 "
+        "(autocast_adapter_dtype); no prepare_model_for_kbit_training unless the loop calls it; FSDP wrapped "
+        "per decoder layer with the root left alone",
+    ),
     Framework.TORCHTITAN: FrameworkProfile(
         name=Framework.TORCHTITAN,
         description="torchtitan: FSDP2 mixed precision (bf16 params, fp32 reduce), fused AdamW, flash SDPA",
@@ -202,6 +234,7 @@ def profile_for(framework: Framework) -> tuple[FrameworkProfile, str | None]:
     """The profile for ``framework``; ``auto`` means hf, returned with an assumption to report."""
     if framework is Framework.AUTO:
         return FRAMEWORKS[Framework.HF], "framework auto: using the hf profile (transformers + Trainer + PEFT)"
+
     if framework not in FRAMEWORKS:
         accepted = ", ".join(f.value for f in FRAMEWORKS)
         raise InputError(f"framework: {framework} has no training profile; expected one of auto, {accepted}")

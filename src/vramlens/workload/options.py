@@ -39,6 +39,8 @@ class Framework(StrEnum):
     AUTO = "auto"
     """Pick the usual stack for the mode (hf for training, vllm/hf for inference) and say so."""
     HF = "hf"
+    PLAIN = "plain"
+    """A hand-written PyTorch loop over a transformers model (seed 002's): torch's defaults, nothing fused."""
     TORCHTITAN = "torchtitan"
     TORCHTUNE = "torchtune"
     LITGPT = "litgpt"

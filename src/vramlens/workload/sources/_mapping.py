@@ -116,7 +116,7 @@ class MappingBuilder:
         else:
             self.keys[name] = converted
         origin = short(value if shown is None else shown)
-        text = f"{self.format} {source}: {origin} -> {target} {short(converted)}"
+        text = f"{self.format} {short(source, 80)}: {origin} -> {target} {short(converted)}"
         self.notes.append(SourceNote(text=text + (f" ({why})" if why else ""), target=target))
         return converted
 
@@ -139,7 +139,7 @@ class MappingBuilder:
 
     def not_modelled(self, key: str, value: Any, why: str = "") -> None:
         """A source key that matters for memory but has no workload equivalent."""
-        self.unmodelled.append(f"{key}={short(value, 40)}" + (f" ({why})" if why else ""))
+        self.unmodelled.append(f"{short(key, 60)}={short(value, 40)}" + (f" ({why})" if why else ""))
 
     def fail(self, key: str, message: str) -> InputError:
         """A one-line error naming the source key."""

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from vramlens.workload.sources._common import COMMON_IGNORED_PREFIXES, ignored, list_leftovers
-from vramlens.workload.sources._mapping import MappingBuilder, SourcedWorkload
+from vramlens.workload.sources._mapping import MappingBuilder, SourcedWorkload, short
 from vramlens.workload.sources._text import truthy
 from vramlens.workload.sources.shared import ReadContext
 
@@ -124,7 +124,12 @@ def _model(out: MappingBuilder, model: Mapping[str, Any]) -> None:
 
 def _lora(out: MappingBuilder, model: Mapping[str, Any]) -> None:
     targets: list[str] = []
-    for module in model.get("lora_attn_modules") or []:
+    modules = model.get("lora_attn_modules") or []
+    if not isinstance(modules, list):
+        raise out.fail(
+            "model.lora_attn_modules", f"expected a list of q_proj, k_proj, v_proj, output_proj, got {short(modules)}"
+        )
+    for module in modules:
         if str(module) not in _ATTN_MODULES:
             raise out.fail(
                 "model.lora_attn_modules", f"unknown module {module!r}; expected q_proj, k_proj, v_proj, output_proj"
