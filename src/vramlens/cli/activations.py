@@ -15,12 +15,18 @@ from vramlens.units import format_bytes
 
 __all__ = ["activations_command"]
 
+#: Tokens per sequence when --seq is not given (cut to the model's context).
+DEFAULT_SEQ = 2048
+
 
 @click.command("activations")
 @click.argument("model")
 @click.option("--batch", default="1", show_default=True, metavar="N", help="Sequences in the batch.")
 @click.option(
-    "--seq", default="2048", show_default=True, metavar="TOKENS", help="Tokens per sequence (e.g. 4096 or 8k)."
+    "--seq",
+    default=None,
+    metavar="TOKENS",
+    help="Tokens per sequence (e.g. 4096 or 8k) [default: 2048, or the model's context if shorter].",
 )
 @click.option(
     "--precision",
@@ -32,17 +38,45 @@ __all__ = ["activations_command"]
 @click.option(
     "--attention", default="auto", show_default=True, metavar="VALUE", help="auto | flash | efficient | sdpa | eager"
 )
+@click.option(
+    "--seed-count/--no-seed-count",
+    default=True,
+    show_default=True,
+    help="Also count as seed 002 does (every module hooked, float32, one token) and show it beside.",
+)
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-def activations_command(model: str, batch: str, seq: str, precision: str, attention: str, fmt: str) -> None:
+def activations_command(
+    model: str, batch: str, seq: str | None, precision: str, attention: str, seed_count: bool, fmt: str
+) -> None:
     """Count activations per token of MODEL by hooking every leaf module's output in one training
-    forward on fake tensors (no weights, no GPU), and compare with a published linear heuristic."""
+    forward on fake tensors (no weights, no GPU), beside seed 002's own count (every module, float32,
+    one token) and its published linear heuristic."""
+    from vramlens.model.resolve import load_model
     from vramlens.simulate.activations import count_activations
 
-    count = count_activations(model, batch=batch, seq=seq, precision=precision, attention=attention)
+    spec = load_model(model)
+    chosen = seq
+    if chosen is None:  # the default, cut to the model's context (gpt2: 1024)
+        limit = spec.max_position_embeddings
+        chosen = str(min(DEFAULT_SEQ, limit)) if limit else str(DEFAULT_SEQ)
+    count = count_activations(spec, batch=batch, seq=chosen, precision=precision, attention=attention)
+    seed = None
+    if seed_count:
+        from vramlens.simulate.seed_count import seed_count as count_seed
+
+        seed = count_seed(spec)
     if fmt == "json":
-        click.echo(json.dumps(count.to_dict(), indent=2))
+        data = count.to_dict()
+        if seed is not None:
+            data["seed_count"] = {"bytes_per_token": seed.bytes_per_token, "elements_per_token": seed.elements_per_token,
+                                  "modules": seed.modules}  # fmt: skip
+        click.echo(json.dumps(data, indent=2))
         return
+    if seq is None and chosen != str(DEFAULT_SEQ):
+        click.echo(f"seq: {chosen} ({spec.name}'s context; the default {DEFAULT_SEQ} is longer)")
     for line in _text(count):
+        click.echo(line)
+    for line in _seed_lines(count, seed):
         click.echo(line)
 
 
@@ -114,4 +148,21 @@ def _comparison(count: Any) -> list[str]:
         "  ones included, so A x P counts the element size twice. Read as elements, A / 4 = "
         f"{_number(round(count.heuristic_elements_per_token))} per token",
         f"  (counted here: {_number(count.elements_per_token)}, ratio {count.elements_per_token / count.heuristic_elements_per_token:.3f}).",
+    ]
+
+
+def _seed_lines(count: Any, seed: Any) -> list[str]:
+    """Seed 002's own figure beside vramlens's: the comparison the guide makes, made visible."""
+    if seed is None:
+        return []
+    return [
+        "",
+        "Seed 002's own count (its hook on every module, nested ones too; float32; eval; one token):",
+        f"  {_number(seed.bytes_per_token)} per token - the guide's 'activations per token', which are bytes:",
+        f"  {_number(seed.elements_per_token)} float32 elements over {seed.modules} modules",
+        f"  vramlens, leaf modules only: {_number(count.elements_per_token)} elements/token "
+        f"(guide / vramlens = {seed.elements_per_token / count.elements_per_token:.3f}:",
+        "  the guide counts a layer's output again as its MLP's and as down_proj's)",
+        f"  kept alive after a training forward: {_per_token_bytes(count.saved_bytes_per_token)}/token "
+        f"at {count.precision}, the figure memory depends on",
     ]
