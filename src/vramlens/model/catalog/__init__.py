@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from functools import cache
@@ -115,10 +116,48 @@ def find_entry(name: str) -> CatalogEntry | None:
     return _index().get(name.strip().lower())
 
 
+_SIZE = re.compile(r"(?<![a-z0-9.])((?:\d+x)?\d+(?:\.\d+)?)([bm])(?![a-z0-9])")
+
+
+def _family_and_size(name: str) -> tuple[str, float] | None:
+    """``("qwen2.5", 7e9)`` for ``Qwen/Qwen2.5-7B-Instruct`` (the repository name's part before its
+    size, and the size); None without a size. ``8x7b`` counts as 56e9."""
+    text = name.strip().lower().rsplit("/", 1)[-1].replace("_", "-")
+    match = _SIZE.search(text)
+    if match is None:
+        return None
+    number, unit = match.group(1), match.group(2)
+    experts, _, each = number.rpartition("x")
+    size = float(each) * (int(experts) if experts else 1) * (1e9 if unit == "b" else 1e6)
+    return text[: match.start()].strip("-. "), size
+
+
+def _same_family(family: str, other: str) -> bool:
+    """``meta-llama-3.1`` and ``llama-3.1`` are one family; ``qwen2.5`` and ``qwen2`` are not."""
+    return (
+        bool(family)
+        and bool(other)
+        and (family == other or family.endswith("-" + other) or other.endswith("-" + family))
+    )
+
+
 def suggest_names(name: str, limit: int = 3) -> list[str]:
-    """Catalog names close to ``name``, for "did you mean" messages."""
+    """Catalog names close to ``name``, for "did you mean" messages: the same family and size
+    first (``Qwen/Qwen2.5-7B-Instruct`` -> ``qwen2.5-7b``), then the family's other sizes,
+    nearest first, then names that are merely spelled alike."""
+    wanted = _family_and_size(name)
+    ranked: list[tuple[float, str]] = []
+    if wanted is not None:
+        for entry in catalog_entries():
+            for key in (entry.name, entry.hf_id):
+                found = _family_and_size(key)
+                if found is not None and _same_family(wanted[0], found[0]):
+                    ranked.append((abs(math.log(found[1] / wanted[1])), entry.name))
+                    break
+    close = [entry for _, entry in sorted(ranked)]
     names = [entry.name for entry in catalog_entries()]
-    return difflib.get_close_matches(name.strip().lower(), names, n=limit, cutoff=0.6)
+    spelled = difflib.get_close_matches(name.strip().lower().rsplit("/", 1)[-1], names, n=limit, cutoff=0.6)
+    return list(dict.fromkeys([*close, *spelled]))[:limit]
 
 
 @cache
