@@ -85,11 +85,24 @@ def _models_line(report: Any) -> list[str]:
     return lines
 
 
+def _split(breakdown: Any) -> str:
+    """`` (w 16.4 + opt 82.2)``: a model's weights apart from its optimizer state (fp32 master
+    weights included), when it holds optimizer state on the GPU."""
+    state = breakdown.get("optimizer_state", 0)
+    if not state:
+        return ""
+    return f" (w {_gib(breakdown.get('parameters', 0))} + opt {_gib(state)})"
+
+
 def _phase_rows(report: Any) -> list[str]:
-    rows = [f"  {'phase':<16}{'allocated':>10}{'reserved':>10}{'device':>10}  {'group':<9}on GPU (GiB)  |  on CPU"]
+    rows = [
+        f"  {'phase':<16}{'allocated':>10}{'reserved':>10}{'device':>10}  {'group':<9}on GPU (GiB; w = weights, "
+        "opt = optimizer state)  |  on CPU"
+    ]
     for phase in report.phases:
         on = [
             f"{r}{'*' if s.busy else ''}{'' if s.group == phase.gpu_group else '@' + s.group} {_gib(s.bytes)}"
+            + _split(s.breakdown)
             for r, s in phase.models.items()
             if s.where == "gpu"
         ]

@@ -12,6 +12,13 @@ Candidates (each applied alone, then the offloads together):
   mapped back to the role's keys (shard, tp, ZeRO-Offload, recompute, precision, optimizer,
   micro-batch) and re-estimated for the whole step.
 
+* keep a trained model's optimizer state on the CPU (ZeRO-3 with CPU offload) when its
+  training phase is the peak;
+* **combinations**: from the user's setup, apply the single change that lowers the peak most,
+  re-estimate, and repeat from the new peak's own candidates until the step fits or nothing
+  lowers it further (:func:`combined`; the seed's 70B PPO step fits only with every model
+  offloaded, the optimizer states on the CPU and micro-batch 1 together).
+
 Each is kept only if it lowers the peak; those that make the step fit come first, then by
 bytes saved.
 """
@@ -31,6 +38,8 @@ from vramlens.units import GiB
 __all__ = ["recommendations"]
 
 _MAX = 6
+#: Changes a combination applies at most.
+_STEPS = 6
 Candidate = tuple[str, tuple[tuple[str, Any, Any], ...], Callable[[], RlhfSetup]]
 
 
@@ -105,6 +114,14 @@ def _trained_changes(report: RlhfReport) -> Iterator[Candidate]:
     if setup.micro_batch > 1:
         change = (("micro_batch", setup.micro_batch, 1),)
         yield "train with micro-batch 1 (more gradient accumulation)", change, lambda: replace(setup, micro_batch=1)
+    if model is not None and model.method == "full" and model.cpu_offload == "none":
+        shard = model.shard if model.shard in ("zero1", "zero2", "zero3", "fsdp", "hsdp") else "zero3"
+        change = ((f"{role}.shard", model.shard, shard), (f"{role}.cpu_offload", "none", "optimizer"))
+        yield (
+            f"keep the {role}'s optimizer state on the CPU ({shard} with CPU offload)",
+            change,
+            lambda: _with_role(setup, role, shard=shard, cpu_offload="optimizer"),
+        )
 
 
 def _dp(setup: RlhfSetup, model: ModelRole) -> int:
@@ -195,13 +212,64 @@ def _evaluate(report: RlhfReport, candidate: Candidate) -> Recommendation | None
     return Recommendation(text=line, saves_bytes=saved, changes=changes)
 
 
-def recommendations(report: RlhfReport, *, plan: bool = False) -> tuple[Recommendation, ...]:
-    """The changes that lower the peak, those that make it fit first, then by bytes saved
-    (``plan``: with the planner's cheapest change for a training phase that does not fit)."""
+def _candidates(report: RlhfReport, *, plan: bool) -> list[Candidate]:
     candidates = [*_offloads(report), *_trained_changes(report), *_disaggregate(report), *_vllm(report)]
     if plan:
         candidates += _planned(report)
-    found = [r for r in (_evaluate(report, c) for c in candidates) if r is not None]
+    return candidates
+
+
+def combined(report: RlhfReport) -> Recommendation | None:
+    """A combination of changes found greedily: the single candidate that lowers the peak most,
+    applied, the step re-estimated, then the new peak phase's own candidates, until the step fits
+    or nothing lowers it (at most :data:`_STEPS` changes). None unless it takes two changes or more."""
+    from vramlens.rlhf.engine import rlhf_estimate
+
+    current, texts, changes = report, [], []  # type: ignore[var-annotated]
+    for _ in range(_STEPS):
+        if current.fits:
+            break
+        best: tuple[int, Candidate, RlhfSetup] | None = None
+        for candidate in _candidates(current, plan=False):
+            try:
+                setup = candidate[2]()
+                after = max(p.device_bytes for p in step_memory_phases(setup))
+            except InputError:
+                continue
+            if after < current.peak_device_bytes and (best is None or after < best[0]):
+                best = (after, candidate, setup)
+        if best is None:
+            break
+        texts.append(best[1][0])
+        changes.extend(best[1][1])
+        current = rlhf_estimate(best[2], recommend=False)
+    if len(texts) < 2 or current.peak_device_bytes >= report.peak_device_bytes:
+        return None
+    verdict = "fits" if current.fits else "still over"
+    line = (
+        f"together: {'; '.join(texts)}: peak {report.peak_device_bytes / GiB:.1f} -> "
+        f"{current.peak_device_bytes / GiB:.1f} GiB per GPU ({verdict})"
+    )
+    return Recommendation(text=line, saves_bytes=report.peak_device_bytes - current.peak_device_bytes,
+                          changes=tuple(changes))  # fmt: skip
+
+
+def step_memory_phases(setup: RlhfSetup) -> tuple[Any, ...]:
+    """The phases of a step (the engine's :func:`~vramlens.rlhf.engine.step_memory`)."""
+    from vramlens.rlhf.engine import step_memory
+
+    return step_memory(setup)[0]
+
+
+def recommendations(report: RlhfReport, *, plan: bool = False) -> tuple[Recommendation, ...]:
+    """The changes that lower the peak, those that make it fit first, then by bytes saved
+    (``plan``: with the planner's cheapest change for a training phase that does not fit), and
+    the best combination of them when no single one makes the step fit."""
+    found = [r for r in (_evaluate(report, c) for c in _candidates(report, plan=plan)) if r is not None]
     need = report.peak_device_bytes - report.capacity_bytes
+    if not report.fits and not any(r.saves_bytes >= need for r in found):
+        together = combined(report)
+        if together is not None:
+            found.append(together)
     found.sort(key=lambda r: (r.saves_bytes < need, -r.saves_bytes))
     return tuple(found[:_MAX])
