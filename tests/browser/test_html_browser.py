@@ -315,3 +315,19 @@ def test_screenshot_shows_the_bands_legend_capacity_and_peak(open_report: Any) -
             pixel(swatch["x"] + swatch["width"] / 2, swatch["y"] + swatch["height"] / 2), PALETTE[category].hex
         )
     assert opened.errors == []
+
+
+def test_phase_names_never_break_mid_word_in_a_narrow_window(open_report: Any) -> None:
+    """Each phase name sits on one line (it broke inside ``optimizer_step`` on a narrow page), and
+    the inputs are a table of the keys that apply (``lora.rank``), not raw JSON."""
+    opened = open_report(estimate({"model": "llama-3.1-8b", "method": "lora", "gpu": "a100-80gb"}))
+    opened.page.set_viewport_size({"width": 420, "height": 900})
+    lines = opened.js(
+        """() => [...document.querySelectorAll('#phases tbody td:first-child')].map((td) => {
+             const range = document.createRange(); range.selectNodeContents(td);
+             return [td.textContent, new Set([...range.getClientRects()].map((r) => Math.round(r.top))).size]; })"""
+    )
+    assert [name for name, _ in lines] == ["forward", "backward", "optimizer_step"]
+    assert all(count == 1 for _, count in lines), lines
+    keys = opened.js("() => [...document.querySelectorAll('#inputs th')].map((th) => th.textContent)")
+    assert "lora.rank" in keys and "lora" not in keys and "prompt" not in keys

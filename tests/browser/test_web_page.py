@@ -240,3 +240,60 @@ def test_the_snapshot_page_views_a_dropped_file(watched: Watched, base_url: str,
     assert page.inner_text("#levels tbody tr:first-child td:nth-child(2)") == "6.00 MiB"
     assert page.inner_text("#source").startswith("run.pickle: pytorch-snapshot")
     assert watched.outside == [] and watched.errors == []
+
+
+def test_the_page_starts_on_a_workload_that_fits(watched: Watched, base_url: str) -> None:
+    page = watched.page
+    page.goto(base_url + "/")
+    _settle(page)
+    assert page.eval_on_selector("#fit", "node => node.className") == "fit ok", page.inner_text("#fit")
+    assert watched.outside == [] and watched.errors == []
+
+
+def test_an_invalid_input_clears_the_stale_result(watched: Watched, base_url: str) -> None:
+    page = watched.page
+    page.goto(base_url + "/")
+    _settle(page)
+    assert page.inner_text("#title") and page.eval_on_selector_all("#levels tbody tr", "rows => rows.length") == 3
+    page.fill("#batch", "0")
+    page.wait_for_function("() => document.body.dataset.state === 'error'", timeout=20000)
+    assert page.inner_text("#title") == "" and page.inner_text("#fit") == ""
+    assert page.eval_on_selector_all("#levels tbody tr", "rows => rows.length") == 0
+    assert page.eval_on_selector_all("#breakdown tbody tr", "rows => rows.length") == 0
+    assert page.eval_on_selector_all("#assumptions li", "items => items.length") == 0
+
+
+def test_the_form_works_at_420_px(browser: Any, base_url: str) -> None:
+    context = browser.new_context(viewport={"width": 420, "height": 900})
+    try:
+        page = context.new_page()
+        page.goto(base_url + "/")
+        _settle(page)
+        width = page.evaluate("() => document.documentElement.scrollWidth")
+        assert width <= 420, f"the page scrolls sideways: {width} px"
+        for selector in ("#model", "#batch", "#gpu", "#mode"):  # every control inside the window
+            box = page.eval_on_selector(
+                selector, "n => { const r = n.getBoundingClientRect(); return [r.left, r.right]; }"
+            )
+            assert box[0] >= 0 and box[1] <= 420, (selector, box)
+        page.fill("#batch", "2")
+        sent = _settle(page, {"batch": 2})
+        assert sent["batch"] == 2
+    finally:
+        context.close()
+
+
+def test_a_run_config_upload_fills_the_form_and_is_read_like_from(
+    watched: Watched, base_url: str, tmp_path: Path, capsys: Any
+) -> None:
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    page = watched.page
+    page.goto(base_url + "/")
+    _settle(page)
+    page.set_input_files("#run-config", str(examples / "torchtune-lora.yaml"))
+    sent = _settle(page, {"framework": "torchtune"})
+    assert sent["model"] == "llama-3.1-8b" and sent["lora"]["rank"] == 8 and sent["loss"] == "chunked"
+    notes = page.eval_on_selector_all("#source-notes li", "items => items.map(i => i.textContent)")
+    assert notes[0] == "read torchtune-lora.yaml as torchtune"
+    _assert_page_shows(page, _cli_table(sent, tmp_path, capsys))
+    assert watched.outside == [] and watched.errors == []

@@ -226,3 +226,33 @@ def test_a_malicious_pickle_is_refused_without_running(tmp_path: Path, capsys: p
     code, _, err = run(capsys, "view", str(path))
     assert code == 2 and err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
     assert not marker.exists()
+
+
+def _many_modules(scale: int, modules: int = 30) -> Timeline:
+    """One allocation per module (module k: (k + 1) x 100 B x scale), all live at the end."""
+    builder = TimelineBuilder()
+    forward = builder.code("phase", "forward")
+    for k in range(modules):
+        builder.append(
+            k, (k + 1) * 100 * scale, CATEGORY_ORDER.index(ACT), k, forward, builder.code("module", f"m.{k}"), -1
+        )
+    return builder.build()
+
+
+def test_diff_prints_the_top_rows_with_totals(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """30 modules differ: the table shows the 20 largest differences (--top 20 by default), one row
+    summing the 10 others, and each section's total; it used to print every module."""
+    a = save_timeline(_many_modules(1), tmp_path / "a.npz")
+    b = save_timeline(_many_modules(2), tmp_path / "b.npz")
+    code, out, _ = run(capsys, "diff", str(a), str(b), "--no-replay")
+    assert code == 0
+    modules = [line for line in out.splitlines() if line.strip().startswith("module")]
+    assert len(modules) == 22  # 20 rows, "(10 more ...)", "total"
+    assert modules[0].split()[1] in ("m.28", "m.29") and "(10 more; --top to show)" in modules[20]
+    # allocated bytes (512-byte blocks): the total of every module is the allocated peak of each run
+    peak = next(line for line in out.splitlines() if line.strip().startswith("peak") and "allocated" in line)
+    assert modules[21].split()[1] == "total" and modules[21].split()[2:6] == peak.split()[2:6]
+    code, out, _ = run(capsys, "diff", str(a), str(b), "--no-replay", "--top", "5")
+    assert len([line for line in out.splitlines() if line.strip().startswith("module")]) == 7
+    code, out, _ = run(capsys, "diff", str(a), str(b), "--no-replay", "--format", "json")
+    assert len([row for row in json.loads(out)["rows"] if row["section"] == "module"]) == 30

@@ -308,3 +308,14 @@ def test_names_from_files_are_drawn_as_plain_text(tmp_path: Path) -> None:
     assert any(text.startswith(f"{hostile} - simulate") for text in _texts(root))
     assert hostile in _texts(root)  # the first phase band's name
     assert _png_size(save_plot(odd, tmp_path / "odd.png")) == (1400, 700)
+
+
+def test_the_inference_subtitle_shows_the_inference_settings() -> None:
+    """It said 'infer | full | batch 4 x seq 2048', training keys an inference run does not read."""
+    from vramlens.estimate import estimate
+    from vramlens.report.plot import workload_facts
+
+    hf = estimate({"model": "llama-3.1-8b", "mode": "infer", "prompt": 512, "generate": 64, "quant": "nf4"})
+    assert workload_facts(hf) == ["infer", "hf", "batch 4 x prompt 512 + generate 64", "mixed-bf16", "weights nf4"]
+    vllm = estimate({"model": "llama-3.1-8b", "mode": "infer", "framework": "vllm", "context": 8192, "kv_dtype": "fp8"})
+    assert workload_facts(vllm) == ["infer", "vllm", "batch 4 x context 8192", "mixed-bf16", "KV fp8"]

@@ -78,7 +78,8 @@ def test_bare_decorator_tracks_every_call_and_keeps_the_last() -> None:
     assert train_step.__name__ == "train_step" and train_step.__doc__ == "One AdamW step."
 
 
-def test_keeps_n_steps_and_saves_each_one_in_a_directory(tmp_path: Path) -> None:
+def test_keeps_n_steps_in_memory_and_on_disk(tmp_path: Path) -> None:
+    """steps=2 keeps the last two steps, as timelines and as files (it wrote every call's file)."""
     model, optimizer, x = small()
 
     @vramlens.profile_step(steps=2, output=tmp_path / "runs")
@@ -90,7 +91,8 @@ def test_keeps_n_steps_and_saves_each_one_in_a_directory(tmp_path: Path) -> None
     for _ in range(3):
         step({"model": model, "optimizer": optimizer, "inputs": [x]})  # found inside containers too
     assert step.memory.steps == [1, 2]
-    assert [p.name for p in step.memory.files] == [f"vramlens-step{n}-rank0.npz" for n in range(3)]
+    assert [p.name for p in step.memory.files] == [f"vramlens-step{n}-rank0.npz" for n in (1, 2)]
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [p.name for p in step.memory.files]
     saved = load_timeline(step.memory.files[-1])
     kept = step.memory.timelines[-1]
     assert (saved.peak_bytes, len(saved), saved.metadata["step"]) == (kept.peak_bytes, len(kept), 2)
@@ -98,7 +100,7 @@ def test_keeps_n_steps_and_saves_each_one_in_a_directory(tmp_path: Path) -> None
 
 
 def test_a_file_name_pattern(tmp_path: Path) -> None:
-    @vramlens.profile_step(output=str(tmp_path / "step-{step:03d}-of-rank{rank}.npz"))
+    @vramlens.profile_step(steps=2, output=str(tmp_path / "step-{step:03d}-of-rank{rank}.npz"))
     def step(x: Any) -> Any:
         return x * 2
 
@@ -160,6 +162,7 @@ def test_works_as_a_method() -> None:
         ({"steps": 0}, "^steps: 0; accepted: a whole number of steps to keep, 1 or more"),
         ({"steps": True}, "^steps: True; accepted"),
         ({"output": "runs/{epoch}.npz"}, r"^output: 'runs/\{epoch\}.npz' is not a valid pattern"),
+        ({"output": "run.npz"}, r"^output: 'run.npz' is one file and every call would overwrite it"),
     ],
 )
 def test_bad_options_are_refused_when_decorating(options: dict[str, Any], message: str) -> None:

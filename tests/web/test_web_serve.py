@@ -51,3 +51,18 @@ def test_the_schema_documents_every_workload_key() -> None:
     assert set(properties) == {*TOP_KEYS, "lora", "parallel"}
     assert set(properties["lora"]["properties"]) == set(LORA_KEYS)
     assert set(properties["parallel"]["properties"]) == set(PARALLEL_KEYS)
+
+
+def test_serve_on_a_busy_port_fails_before_printing_its_url(capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    pytest.importorskip("uvicorn", reason="needs the [web] extra")
+    pytest.importorskip("fastapi", reason="needs the [web] extra")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        assert main(["serve", "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --port: cannot listen on 127.0.0.1:{port}: ") and err.count("\n") == 1
+    assert "http://" not in err

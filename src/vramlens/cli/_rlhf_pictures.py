@@ -9,7 +9,6 @@ imported only when needed: matplotlib only for ``--plot``.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -47,11 +46,10 @@ def show_rlhf_pictures(
 ) -> None:
     """Print the terminal timeline (table format) and write the files the flags asked for."""
     if fmt == "table" and timeline:
-        from rich.console import Console
-
+        from vramlens.report.console import output_console
         from vramlens.report.rlhf_text import RlhfTimeline
 
-        console = Console(width=None if sys.stdout.isatty() else 120, highlight=False)
+        console = output_console()
         console.print()
         console.print(RlhfTimeline(report=report, ascii=ascii_only))
     if plot_path is not None:

@@ -56,18 +56,26 @@ def gpus_command(name: str | None, memory: str | None, fmt: str) -> None:
     if not rows:
         click.echo(f"no card in the table has about {memory}")
         return
+    from vramlens.report.console import fit_lines
+
     width = max(len(row["name"]) for row in rows)
-    click.echo(f"{'name':<{width}}  {'memory':>11}  {'basis':<18}  same memory as")
+    lines = [f"{'name':<{width}}  {'memory':>11}  {'basis':<18}  same memory as"]
     for row in rows:
         same = ", ".join(row["same_memory"]) or "-"
-        click.echo(f"{row['name']:<{width}}  {row['memory']:>11}  {row['capacity_basis']:<18}  {same}")
+        lines.append(f"{row['name']:<{width}}  {row['memory']:>11}  {row['capacity_basis']:<18}  {same}")
+    for line in fit_lines(lines):
+        click.echo(line)
 
 
 def _describe(gpu: GpuSpec, row: dict[str, Any]) -> None:
-    click.echo(f"{gpu.name}: {gpu.display_name}")
-    click.echo(f"  memory:       {row['memory']} ({gpu.memory_bytes:,} bytes, {gpu.capacity_basis})")
-    if gpu.aliases:
-        click.echo(f"  also called:  {', '.join(gpu.aliases)}")
-    click.echo(f"  same memory:  {', '.join(row['same_memory']) or 'no other card in the table'}")
-    if gpu.source:
-        click.echo(f"  source:       {gpu.source}")
+    from vramlens.report.console import fit_lines
+
+    lines = [
+        f"{gpu.name}: {gpu.display_name}",
+        f"  memory:       {row['memory']} ({gpu.memory_bytes:,} bytes, {gpu.capacity_basis})",
+        *([f"  also called:  {', '.join(gpu.aliases)}"] if gpu.aliases else []),
+        f"  same memory:  {', '.join(row['same_memory']) or 'no other card in the table'}",
+        *([f"  source:       {gpu.source}"] if gpu.source else []),
+    ]
+    for line in fit_lines(lines):
+        click.echo(line)

@@ -91,7 +91,9 @@ def _show(result: Any, fmt: str, source: Any = None) -> None:
     if result.impossible is not None:
         click.echo(f"impossible: {result.impossible}")
         return
-    for line in _table(result):
+    from vramlens.report.console import fit_lines
+
+    for line in fit_lines(_table(result)):
         click.echo(line)
 
 

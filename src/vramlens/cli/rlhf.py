@@ -166,7 +166,9 @@ def _show(report: Any, fmt: str) -> None:
     if fmt == "json":
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:
-        click.echo(render_rlhf_table(report))
+        from vramlens.report.console import fit_lines
+
+        click.echo("\n".join(fit_lines(render_rlhf_table(report).splitlines())))
 
 
 _ROLE_HELP = "model of the {}: catalog name or config path (default: the actor's model)"

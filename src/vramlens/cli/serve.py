@@ -9,6 +9,7 @@ only). FastAPI and uvicorn are imported when the command runs, with an install h
 from __future__ import annotations
 
 import gc
+import socket
 
 import click
 
@@ -27,6 +28,22 @@ def _hosts(host: str) -> tuple[str, ...] | None:
         return None
     named = f"[{host}]" if ":" in host else host
     return tuple(dict.fromkeys((*LOCAL_HOSTS, named)))
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket bound and listening on ``host:port`` (SO_REUSEADDR, as uvicorn binds), so that a busy
+    port fails here, with one line, before the URL is printed."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as error:
+        sock.close()
+        raise InputError(f"--port: cannot listen on {host}:{port}: {error.strerror or error}") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 @click.command("serve")
@@ -48,8 +65,13 @@ def serve_command(port: int, host: str) -> None:
     warm_up()
     gc.collect()
     gc.freeze()  # start-up objects live for good: full collections during a burst need not walk them
+    sock = _listen(host, port)
     shown = f"[{host}]" if ":" in host else host
     if host not in _LOOPBACK:
         click.echo(f"warning: serving on {host}: anyone who can reach this address can use the page", err=True)
     click.echo(f"vramlens: http://{shown}:{port}/ (Ctrl+C to stop)", err=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()

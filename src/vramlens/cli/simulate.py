@@ -69,7 +69,12 @@ _TIMEOUT = click.option(
 @click.option("-c", "--config", "config", type=click.Path(dir_okay=False), help="Workload file (YAML or JSON).")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown"]), default="table", show_default=True)
 @click.option("--steps", type=click.IntRange(1, 100), default=2, show_default=True, help="Training steps to run.")
-@click.option("--stacks", is_flag=True, help="Record the Python stack of every allocation (slower).")
+@click.option(
+    "--stacks",
+    is_flag=True,
+    help="Record the Python stack of every allocation (slower); with --timeline, vramlens view shows them "
+    "(--user-frames: your code's frames only).",
+)
 @click.option("--alloc-conf", "alloc_conf", metavar="TEXT", help="PYTORCH_CUDA_ALLOC_CONF for the allocator replay.")
 @click.option("--timeline", "timeline_path", type=click.Path(dir_okay=False), help="Save every event to this .npz.")
 @_TIMEOUT
@@ -146,9 +151,9 @@ def compare_command(
     if fmt == "json":
         click.echo(json.dumps(comparison_dict(comparison), indent=2))
     else:
-        from rich.console import Console
+        from vramlens.report.console import output_console
 
-        Console().print(comparison_table(comparison))
+        output_console().print(comparison_table(comparison))
     if plot_path is not None:
         from vramlens.report.plot import save_comparison
 

@@ -42,6 +42,11 @@ _NO_REPLAY = click.option(
     help="Step ends an allocation must survive to count as a leak.",
 )
 @click.option("--stack-lines", type=click.IntRange(1, 50), default=3, show_default=True, help="Stack frames shown.")
+@click.option(
+    "--user-frames",
+    is_flag=True,
+    help="Show only your own code's stack frames (no site-packages, no standard library).",
+)
 @_DEVICE
 @_NO_REPLAY
 @picture_options
@@ -52,6 +57,7 @@ def view_command(
     modules: int,
     leak_steps: int,
     stack_lines: int,
+    user_frames: bool,
     device: int | None,
     no_replay: bool,
     ascii_only: bool,
@@ -80,13 +86,17 @@ def view_command(
         if fmt == "json":
             click.echo(json.dumps(view.to_dict(), indent=2))
         else:
-            print_renderable(view_renderable(view, stack_lines=stack_lines, ascii_only=ascii_only))
+            print_renderable(
+                view_renderable(view, stack_lines=stack_lines, ascii_only=ascii_only, user_frames=user_frames)
+            )
     else:
         ranks = build_ranks(sources, **options)
         if fmt == "json":
             click.echo(json.dumps(ranks.to_dict(), indent=2))
         else:
-            print_renderable(ranks_renderable(ranks, stack_lines=stack_lines, ascii_only=ascii_only))
+            print_renderable(
+                ranks_renderable(ranks, stack_lines=stack_lines, ascii_only=ascii_only, user_frames=user_frames)
+            )
         view = ranks.detailed  # pictures show the rank with the highest peak
     write_pictures(view.report, plot_path=plot_path, html_path=html_path, details=view.to_dict())
 
@@ -95,10 +105,14 @@ def view_command(
 @click.argument("a", type=click.Path(dir_okay=False))
 @click.argument("b", type=click.Path(dir_okay=False))
 @_FORMAT
+@click.option(
+    "--top", type=click.IntRange(1, 10**6), default=20, show_default=True, help="Rows shown per section (table)."
+)
 @_DEVICE
 @_NO_REPLAY
-def diff_command(a: str, b: str, fmt: str, device: int | None, no_replay: bool) -> None:
-    """Compare run B with run A: peak per level, and per category, phase and module (bytes and %)."""
+def diff_command(a: str, b: str, fmt: str, top: int, device: int | None, no_replay: bool) -> None:
+    """Compare run B with run A: peak per level, and per category, phase and module (bytes and %):
+    the TOP largest differences of each section, the rest summed, and each section's total."""
     from vramlens.report.sources import open_source
     from vramlens.report.view import build_view
     from vramlens.report.view_diff import diff_views
@@ -113,4 +127,4 @@ def diff_command(a: str, b: str, fmt: str, device: int | None, no_replay: bool) 
         return
     from vramlens.report.view_text import diff_renderable, print_renderable
 
-    print_renderable(diff_renderable(diff))
+    print_renderable(diff_renderable(diff, top=top))

@@ -23,6 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from vramlens.categories import Category
+from vramlens.trace.frames import is_user_frame
 from vramlens.trace.timeline import CATEGORY_ORDER, Timeline
 
 __all__ = [
@@ -33,13 +34,15 @@ __all__ = [
     "lifetimes",
     "live_allocations",
     "module_breakdown",
+    "is_user_frame",
     "stack_frames",
     "step_ends",
 ]
 
 Int64Array = npt.NDArray[np.int64]
-#: Innermost frames kept per stack in reports.
-STACK_DEPTH = 8
+#: Frames kept per stack in reports (innermost first; the display shows ``--stack-lines`` of them, and
+#: ``--user-frames`` the user's own among them, which are the outermost).
+STACK_DEPTH = 48
 _NUMBERED = re.compile(r"^(?P<prefix>.*?\D)[#_\- ]?(?P<number>\d+)$")
 
 

@@ -304,7 +304,7 @@ def _phases_section(report: MemoryReport) -> str:
         parts = ", ".join(f"{swatch(c).label} {format_bytes(b)}" for c, b in phase.breakdown.items() if b)
         mark = " class='peak'" if phase.name == report.peak_phase else ""
         rows.append(
-            f"<tr{mark}><td>{_e(phase.name)}</td><td class='num'>{_e(format_bytes(phase.allocated_bytes))}</td>"
+            f"<tr{mark}><td class='name'>{_e(phase.name)}</td><td class='num'>{_e(format_bytes(phase.allocated_bytes))}</td>"
             f"<td class='barcell'><span class='bar' style='width:{_share(phase.allocated_bytes, highest):.2f}%'>"
             f"</span></td><td>{_e(parts)}</td><td>{_e(phase.note)}</td></tr>"
         )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 
 from rich import box
@@ -12,6 +11,7 @@ from rich.table import Table
 from vramlens.model.catalog import CatalogEntry
 from vramlens.model.serialize import weight_bytes
 from vramlens.model.spec import ModelSpec, PositionKind, QKNorm
+from vramlens.report.console import output_console
 from vramlens.units import format_bytes, format_count
 
 __all__ = ["describe_model", "models_table", "print_model", "print_models_table"]
@@ -21,7 +21,7 @@ _BAR_WIDTH = 24
 
 def _console() -> Console:
     """A console for stdout: the terminal's width on a terminal, 120 columns when piped."""
-    return Console(width=None if sys.stdout.isatty() else 120, highlight=False)
+    return output_console()
 
 
 def models_table(rows: Sequence[tuple[CatalogEntry, ModelSpec]]) -> Table:

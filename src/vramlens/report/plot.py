@@ -37,6 +37,7 @@ from vramlens.errors import InputError
 from vramlens.report.model import MemoryReport
 from vramlens.report.palette import PALETTE
 from vramlens.report.series import StackedSeries, report_series
+from vramlens.report.serving_text import vllm_fit_sentence
 from vramlens.units import GiB, KiB, MiB, TiB, format_bytes
 
 if TYPE_CHECKING:
@@ -360,7 +361,10 @@ def _title(report: MemoryReport, series: StackedSeries) -> str:
     """Model, engine and level on one line; the workload and the fit on a second one."""
     head = f"{report.model} - {report.engine} ({series.level} level)"
     facts = workload_facts(report)
-    if report.capacity_bytes is not None and report.fits is not None:
+    vllm = vllm_fit_sentence(report)
+    if vllm is not None:
+        facts.append(vllm[0])
+    elif report.capacity_bytes is not None and report.fits is not None:
         headroom = report.headroom_bytes or 0
         facts.append(
             f"fits {report.gpu}: headroom {format_bytes(headroom, precision=1)}"
@@ -371,8 +375,23 @@ def _title(report: MemoryReport, series: StackedSeries) -> str:
 
 
 def workload_facts(report: MemoryReport) -> list[str]:
-    """A few facts of the workload for a subtitle (mode, method, batch x sequence, precision)."""
+    """A few facts of the workload for a subtitle: training (mode, method, batch x sequence,
+    precision) or inference (mode, engine, batch x prompt + generate or context, precision, the
+    weights' quantization and the KV dtype when set)."""
     workload = report.workload_dict
+    if workload.get("mode") == "infer":
+        tokens = (
+            f"context {workload['context']}"
+            if workload.get("context") is not None
+            else f"prompt {workload.get('prompt')} + generate {workload.get('generate')}"
+        )
+        engine = "vllm" if workload.get("framework") == "vllm" else workload.get("engine")
+        facts = ["infer", str(engine), f"batch {workload.get('batch')} x {tokens}", str(workload.get("precision"))]
+        if workload.get("quant") not in (None, "none"):
+            facts.append(f"weights {workload['quant']}")
+        if workload.get("kv_dtype") not in (None, "auto"):
+            facts.append(f"KV {workload['kv_dtype']}")
+        return facts
     facts = [str(workload[key]) for key in ("mode", "method", "precision") if workload.get(key)]
     if workload.get("batch") and workload.get("seq"):
         facts.insert(2 if len(facts) >= 2 else len(facts), f"batch {workload['batch']} x seq {workload['seq']}")

@@ -144,7 +144,7 @@ def _models_section(report: RlhfReport) -> str:
         where = "".join(_where(phase.models.get(role)) for role in _roles(report))
         mark = " class='peak'" if index == peak else ""
         rows.append(
-            f"<tr{mark}><td>{_e(phase.name)}</td><td class='num'>{_e(format_bytes(phase.device_bytes))}</td>"
+            f"<tr{mark}><td class='name'>{_e(phase.name)}</td><td class='num'>{_e(format_bytes(phase.device_bytes))}</td>"
             f"<td><span class='stack'>{parts}{cap}</span></td>{where}<td>{_e(phase.gpu_group)}</td></tr>"
         )
     keys = "".join(

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
-import sys
 from pathlib import PurePath
 from typing import Any
 
 from rich import box
-from rich.console import Console, Group
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from vramlens.report.forensics import Leak, LiveAllocation
+from vramlens.report.console import output_console
+from vramlens.report.forensics import Leak, LiveAllocation, is_user_frame
 from vramlens.report.model import MemoryReport
 from vramlens.report.oom import OomForensics
 from vramlens.report.text import add_phase_rows
@@ -241,9 +242,32 @@ def view_headline(report: MemoryReport, source_format: object) -> str:
     )
 
 
-def view_renderable(view: ViewReport, *, stack_lines: int = 3, ascii_only: bool = False) -> Group:
+def user_frames_only(view: ViewReport) -> ViewReport:
+    """``view`` with every stack cut to the user's own frames (no site-packages, no standard
+    library): what ``vramlens view --user-frames`` shows."""
+
+    def cut(item: Any) -> Any:
+        return dataclasses.replace(item, stack=tuple(f for f in item.stack if is_user_frame(f)))
+
+    ooms = tuple(
+        dataclasses.replace(oom, top_allocations=tuple(cut(a) for a in oom.top_allocations)) for oom in view.ooms
+    )
+    return dataclasses.replace(
+        view,
+        top_allocations=tuple(cut(a) for a in view.top_allocations),
+        leaks=tuple(cut(leak) for leak in view.leaks),
+        ooms=ooms,
+    )
+
+
+def view_renderable(
+    view: ViewReport, *, stack_lines: int = 3, ascii_only: bool = False, user_frames: bool = False
+) -> Group:
     """Everything ``vramlens view`` shows for one record, the stacked timeline first;
-    ``ascii_only``: plain ASCII pictures and table rules."""
+    ``ascii_only``: plain ASCII pictures and table rules; ``user_frames``: stacks cut to the
+    user's own frames (:func:`user_frames_only`)."""
+    if user_frames:
+        view = user_frames_only(view)
     report = view.report
     parts: list[Any] = [
         Text(view_headline(report, view.format), style="bold"),
@@ -265,7 +289,9 @@ def view_renderable(view: ViewReport, *, stack_lines: int = 3, ascii_only: bool 
     return _group(parts, ascii_only=ascii_only)
 
 
-def ranks_renderable(ranks: RankView, *, stack_lines: int = 3, ascii_only: bool = False) -> Group:
+def ranks_renderable(
+    ranks: RankView, *, stack_lines: int = 3, ascii_only: bool = False, user_frames: bool = False
+) -> Group:
     """Per-rank peaks and skew, then the detailed view of the highest rank."""
     table = _table("per-rank peaks (allocated)", "rank", "allocated", "tensor", "phase", "file")
     for column in table.columns[3:]:
@@ -278,24 +304,42 @@ def ranks_renderable(ranks: RankView, *, stack_lines: int = 3, ascii_only: bool 
         f"details of rank {ranks.detailed_rank} (the highest):",
         style="bold",
     )
-    detailed = view_renderable(ranks.detailed, stack_lines=stack_lines, ascii_only=ascii_only)
+    detailed = view_renderable(ranks.detailed, stack_lines=stack_lines, ascii_only=ascii_only, user_frames=user_frames)
     return _group([table, skew, detailed], ascii_only=ascii_only)
 
 
-def diff_renderable(diff: ViewDiff) -> Group:
-    """B against A per level, category, phase and module."""
+def _diff_cells(section: str, name: str, a: int | None, b: int | None) -> tuple[str, ...]:
+    delta = (b or 0) - (a or 0)
+    relative = f"{delta / a:+.1%}" if a else "-"
+    return (
+        section, name, "-" if a is None else format_bytes(a), "-" if b is None else format_bytes(b),
+        format_bytes(delta), relative,
+    )  # fmt: skip
+
+
+def diff_renderable(diff: ViewDiff, *, top: int = 20) -> Group:
+    """B against A per level, then per category, phase and module: each of those sections its
+    ``top`` rows with the largest differences, a row summing the ones left out, and its total."""
     table = _table(f"B = {diff.b.path} against A = {diff.a.path}", "section", "name", "A", "B", "B - A", "change")
     table.columns[1].justify = "left"
+    sections: dict[str, list[Any]] = {}
     for row in diff.rows:
-        relative = row.relative
-        table.add_row(
-            row.section, row.name, "-" if row.a_bytes is None else format_bytes(row.a_bytes),
-            "-" if row.b_bytes is None else format_bytes(row.b_bytes), format_bytes(row.delta_bytes),
-            "-" if relative is None else f"{relative:+.1%}",
-        )  # fmt: skip
+        sections.setdefault(row.section, []).append(row)
+    for section, rows in sections.items():
+        shown = rows if section == "peak" else rows[:top]
+        for row in shown:
+            table.add_row(*_diff_cells(section, row.name, row.a_bytes, row.b_bytes))
+        if section == "peak":
+            continue
+        hidden = rows[len(shown) :]
+        if hidden:
+            rest_a, rest_b = sum(r.a_bytes or 0 for r in hidden), sum(r.b_bytes or 0 for r in hidden)
+            table.add_row(*_diff_cells(section, f"({len(hidden)} more; --top to show)", rest_a, rest_b))
+        total_a, total_b = sum(r.a_bytes or 0 for r in rows), sum(r.b_bytes or 0 for r in rows)
+        table.add_row(*_diff_cells(section, "total", total_a, total_b), style="bold")
     return _group([table])
 
 
 def print_renderable(renderable: Any) -> None:
     """Print to stdout (the terminal's width on a terminal, 120 columns when piped)."""
-    Console(width=None if sys.stdout.isatty() else 120, highlight=False).print(renderable)
+    output_console().print(renderable)

@@ -19,6 +19,7 @@ phase is ``load``.
 
 from __future__ import annotations
 
+import os
 import sys
 import weakref
 from collections.abc import Callable, Iterator
@@ -30,6 +31,7 @@ import torch.optim.optimizer as optim_hooks
 from torch.nn.modules import module as module_hooks
 
 from vramlens.categories import Category
+from vramlens.trace.frames import is_user_frame
 from vramlens.trace.timeline import CATEGORY_ORDER, TimelineBuilder
 
 __all__ = ["RunContext", "optimizer_state_tensors"]
@@ -37,9 +39,13 @@ __all__ = ["RunContext", "optimizer_state_tensors"]
 _ACTIVATIONS = CATEGORY_ORDER.index(Category.ACTIVATIONS)
 _TEMPORARY = CATEGORY_ORDER.index(Category.TEMPORARY)
 _OTHER = CATEGORY_ORDER.index(Category.OTHER)
-#: Frames from these packages are left out of captured stacks (they are the machinery, not the user's code).
-_SKIPPED_PATHS = ("/torch/", "/vramlens/trace/", "/contextlib.py", "/weakref.py")
+#: Frames from these packages are left out of captured stacks (they are the machinery, not the user's code:
+#: torch's dispatch and vramlens's own tracker, simulator and command line).
+_SKIPPED_PATHS = ("/torch/", "/contextlib.py", "/weakref.py")
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))).replace("\\", "/") + "/"
 _MAX_FRAMES = 24
+#: Frames walked at most per stack (deep recursion stays bounded).
+_MAX_WALK = 256
 
 Recategorize = Callable[[list[Any], Category], None]
 
@@ -147,11 +153,16 @@ class RunContext:
         """Index of the current Python stack (user frames only, innermost last)."""
         frames: list[str] = []
         frame = sys._getframe(1)
-        while frame is not None and len(frames) < _MAX_FRAMES:
+        walked = 0
+        while frame is not None and walked < _MAX_WALK:
+            walked += 1
             path = frame.f_code.co_filename.replace("\\", "/")
-            if not any(part in path for part in _SKIPPED_PATHS):
+            if not path.startswith(_PACKAGE) and not any(part in path for part in _SKIPPED_PATHS):
                 frames.append(f"{path}:{frame.f_lineno} in {frame.f_code.co_name}")
             frame = frame.f_back  # type: ignore[assignment]
+        if len(frames) > _MAX_FRAMES:  # the innermost frames, then the user's own among the rest
+            half = _MAX_FRAMES // 2
+            frames = frames[:half] + [f for f in frames[half:] if is_user_frame(f)][:half]
         return self._events.code("stack", "\n".join(reversed(frames)))
 
     # -- hooks -------------------------------------------------------------------------

@@ -46,7 +46,7 @@ class StepMemory:
         self.calls = 0
         """Calls so far (the next call's step number)."""
         self.files: list[Path] = []
-        """Every timeline file written (with ``output``), oldest first."""
+        """The kept steps' timeline files on disk (with ``output``), oldest first."""
         self._kept: deque[tuple[int, Timeline]] = deque(maxlen=keep)
 
     @property
@@ -131,6 +131,10 @@ class ProfiledStep(Generic[P, R]):
             path = output_path(output, step)
             path.parent.mkdir(parents=True, exist_ok=True)
             self.memory.files.append(save_timeline(timeline, path))
+            while len(self.memory.files) > self._options["steps"]:  # the files follow the kept steps
+                old = self.memory.files.pop(0)
+                if old not in self.memory.files:
+                    old.unlink(missing_ok=True)
 
 
 @overload
@@ -171,15 +175,25 @@ def profile_step(
             (``step.memory.timelines`` / ``.peaks`` / ``.last``); older ones are dropped.
         device: as for :func:`vramlens.track` (None: the model's device).
         allocator_events: CPU: merge the CPU allocator's own calls (peak to the byte).
-        output: save each call's timeline (``.npz``): a directory (files
+        output: save the kept steps' timelines (``.npz``): a directory (files
             ``vramlens-step{step}-rank{rank}.npz``) or a file name pattern with ``{step}``
-            and/or ``{rank}`` (the torch.distributed rank, else ``$RANK``, else 0).
+            and/or ``{rank}`` (the torch.distributed rank, else ``$RANK``, else 0). As with
+            the timelines in memory, only the last ``steps`` calls' files stay: a file this
+            wrapper wrote is removed when its step drops out (``step.memory.files`` lists
+            the ones on disk). A plain ``.npz`` file name is refused (every call would
+            overwrite it): give a directory or a pattern.
         model, optimizer: register these instead of the ones found among the arguments.
         capture_stacks: record each allocation's Python stack.
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise InputError(f"steps: {steps!r}; accepted: a whole number of steps to keep, 1 or more")
     if output is not None:
+        text = os.fspath(output)
+        if "{" not in text and text.lower().endswith(".npz"):
+            raise InputError(
+                f"output: {text!r} is one file and every call would overwrite it; give a directory or a pattern "
+                "with {step} (e.g. 'memory/step{step}.npz')"
+            )
         output_path(output, 0)  # a bad pattern fails here, not after the first step
     options = {
         "steps": steps,
