@@ -49,7 +49,7 @@ from vramlens.report.model import MemoryReport, PhaseMemory, ServingCapacity, Te
 from vramlens.rlhf import RlhfSetup, load_rlhf, rlhf_estimate
 from vramlens.simulate import SimulationError, simulate, simulate_module
 from vramlens.snapshot import Snapshot, load_snapshot
-from vramlens.trace import Timeline, load_timeline, save_timeline, track
+from vramlens.trace import Timeline, load_timeline, save_ranks, save_timeline, track
 from vramlens.trace.profile import profile_step
 from vramlens.units import GB, GiB, format_bytes, format_count, parse_count, parse_size
 from vramlens.workload import LoraConfig, Parallelism, Workload, load_workload, workload_to_dict
@@ -120,6 +120,7 @@ __all__ = [
     "read_checkpoint",
     "resolve_gpu",
     "rlhf_estimate",
+    "save_ranks",
     "save_timeline",
     "simulate",
     "simulate_module",

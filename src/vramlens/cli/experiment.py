@@ -62,6 +62,18 @@ def _run_with_progress(matrix: Any, store: Any, *, simulate: bool) -> Any:
         return run_matrix(matrix, store, simulate=simulate, on_run=on_run, on_step=on_step)
 
 
+def _ranks(device: str | None) -> Any:
+    """This process under torchrun (its process group started: gloo on CPU, nccl on CUDA), or a world of one."""
+    from vramlens.trace.ranks import init_from_env, rank_info
+
+    info = rank_info()
+    if info.world < 2:
+        return info
+    from vramlens.experiments.matrix import resolve_device
+
+    return init_from_env(resolve_device(device or "auto"))
+
+
 @click.command("experiment")
 @click.argument("model", required=False)
 @click.option(
@@ -69,7 +81,8 @@ def _run_with_progress(matrix: Any, store: Any, *, simulate: bool) -> Any:
     "techniques",
     metavar="LIST",
     help="Runs besides the control, comma-separated; '+' combines (bf16,checkpoint,bf16+fused-optimizer). "
-    "Techniques: bf16, checkpoint, compile, fused-optimizer, memory-budget=X, chunked-loss, 8bit-optimizer.",
+    "Techniques: bf16, checkpoint, compile, fused-optimizer, memory-budget=X, chunked-loss, 8bit-optimizer, "
+    "ddp, fsdp (under torchrun: every rank measures, rank 0 merges).",
 )
 @click.option("-c", "--config", "config", type=click.Path(dir_okay=False), help="Matrix file (YAML) with the runs.")
 @click.option("--steps", type=int, help="Optimizer steps per run (at least 3; default 3).")
@@ -109,9 +122,23 @@ def experiment_command(
         from vramlens.report.plot import plot_target
 
         plot_target(plot_path)
+    info = _ranks(settings.get("device"))
     matrix = _matrix(model, techniques, config, settings)
     store = ResultStore(store_path)
-    result = _run_with_progress(matrix, store, simulate=not no_simulate)
+    if info.world > 1:  # under torchrun: every rank runs and records; rank 0 merges and reports
+        from vramlens.experiments import run_matrix
+        from vramlens.trace.ranks import barrier
+
+        result = (
+            run_matrix(matrix, store, simulate=not no_simulate)
+            if info.rank
+            else _run_with_progress(matrix, store, simulate=not no_simulate)
+        )
+        barrier()
+        if info.rank:
+            return
+    else:
+        result = _run_with_progress(matrix, store, simulate=not no_simulate)
     if fmt == "json":
         click.echo(json.dumps(result.to_dict(), indent=2))
     elif fmt == "markdown":

@@ -72,7 +72,9 @@ def run_matrix(
     """Run every run of ``matrix`` not yet in ``store``, appending each as soon as it finishes
     (measurement and predictions in one row); ``simulate=False`` skips the simulator."""
     from vramlens.experiments.runner import run_experiment
+    from vramlens.trace.ranks import rank_info
 
+    info = rank_info()
     finished = store.finished()
     rows = []
     reused = 0
@@ -84,9 +86,14 @@ def run_matrix(
             rows.append(stored | {"name": spec.name})
             reused += 1
             continue
-        result = run_experiment(spec, on_step=on_step)
+        row = run_experiment(spec, on_step=on_step).to_dict()
+        if info.world > 1:  # every rank its own record; rank 0 merges them into the store
+            row = _merged(spec, row, store, info.rank, info.world)
+            if info.rank != 0:
+                rows.append(row)
+                continue
         prediction = predict_run(spec, simulate=simulate)
-        row = result.to_dict() | {
+        row |= {
             "predicted_peak_bytes": prediction.predicted_peak_bytes,
             "simulated_peak_bytes": prediction.simulated_peak_bytes,
             "prediction_notes": list(prediction.notes),
@@ -95,3 +102,17 @@ def run_matrix(
         store.append(row)
         rows.append(row)
     return ExperimentResult(rows=tuple(rows), device=matrix.runs[0].device, reused=reused)
+
+
+def _merged(spec: RunSpec, row: dict[str, Any], store: ResultStore, rank: int, world: int) -> dict[str, Any]:
+    """Write this rank's row to its own store, wait for every rank, and (rank 0) merge their rows
+    of ``spec``; other ranks get their own row back."""
+    from vramlens.experiments.distributed import merge_rank_rows, rank_store
+    from vramlens.trace.ranks import barrier
+
+    own = row | {"rank": rank}
+    rank_store(store, rank).append(own)
+    barrier()
+    if rank != 0:
+        return own
+    return merge_rank_rows([rank_store(store, r).finished()[spec.key] for r in range(world)])

@@ -165,6 +165,12 @@ def build_trainee(spec: RunSpec) -> Trainee:
     model, vocab = _user_model(spec, torch) if is_module_reference(spec.model) else _hf_model(spec, torch)
     model.train()
     notes = [_checkpointing(model)] if _has(spec, TechniqueName.CHECKPOINT) else []
+    for name in (TechniqueName.DDP, TechniqueName.FSDP):
+        if _has(spec, name):
+            from vramlens.experiments.distributed import wrap_data_parallel
+
+            model, note = wrap_data_parallel(torch, model, str(name))
+            notes.append(note)
     optimizer_step, optimizers = _stepper(torch, spec, model)
     if spec.compiled:
         torch._dynamo.reset()  # compile afresh under this run's settings (the budget is read when compiling)
@@ -199,7 +205,9 @@ def batches(spec: RunSpec, vocab: int) -> list[Any]:
     torch = require("torch", purpose="vramlens experiment")
     shape = (spec.batch, spec.seq)
     if spec.tokens is None:
-        generator = torch.Generator().manual_seed(spec.seed)
+        from vramlens.trace.ranks import rank_info
+
+        generator = torch.Generator().manual_seed(spec.seed + rank_info().rank)  # each rank its own data
         return [torch.randint(0, vocab, shape, generator=generator).to(spec.device) for _ in range(spec.steps)]
     tokens = _read_tokens(Path(spec.tokens))
     span = spec.batch * spec.seq

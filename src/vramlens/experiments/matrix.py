@@ -71,6 +71,15 @@ def resolve_device(device: str) -> str:
     raise InputError(f"device: {device!r}; accepted: auto, cpu, cuda, cuda:N")
 
 
+def _world_key() -> dict[str, int]:
+    """``{"world": N}`` under a launcher with N > 1 processes (a run on 2 ranks is not the run on
+    one), else nothing (keys of single-process runs stay as they were)."""
+    from vramlens.trace.ranks import rank_info
+
+    world = rank_info().world
+    return {"world": world} if world > 1 else {}
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunSpec:
     """One run of a matrix: a model, its settings and the techniques switched on."""
@@ -129,7 +138,7 @@ class RunSpec:
             "device": self.device,
             "tokens": self.tokens,
             "seed": self.seed,
-        }
+        } | _world_key()
 
     @property
     def key(self) -> str:
@@ -157,7 +166,10 @@ class RunSpec:
             "seq": self.seq,
             "attention": "sdpa",
         }
-        return workload | workload_keys(self.techniques) | dict(self.workload_extra)
+        keys = workload_keys(self.techniques)
+        if "parallel" in keys:  # a data-parallel technique: every rank torchrun started is a GPU
+            keys["parallel"] = {**keys["parallel"], "gpus": max(2, _world_key().get("world", 1))}
+        return workload | keys | dict(self.workload_extra)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -20,6 +20,10 @@ What the runner does for each (:mod:`vramlens.experiments.runner`), after seed 0
 * ``chunked-loss`` - cross-entropy over 8 chunks of the sequence, each up-cast to fp32 on its own.
 * ``8bit-optimizer`` - bitsandbytes ``AdamW8bit``; only where bitsandbytes imports (else the
   run is recorded as skipped with the reason).
+* ``ddp`` - ``DistributedDataParallel`` over the ranks ``torchrun`` started (gloo on CPU, nccl on
+  CUDA); ``fsdp`` - FSDP2 ``fully_shard`` of every decoder layer and of the root. Both need two
+  or more processes (``torchrun --nproc_per_node N -m vramlens experiment ...``); every rank
+  measures its own peak and rank 0 merges them (:mod:`vramlens.experiments.distributed`).
 """
 
 from __future__ import annotations
@@ -55,6 +59,8 @@ class TechniqueName(StrEnum):
     MEMORY_BUDGET = "memory-budget"
     CHUNKED_LOSS = "chunked-loss"
     OPTIMIZER_8BIT = "8bit-optimizer"
+    DDP = "ddp"
+    FSDP = "fsdp"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,6 +77,8 @@ class Technique:
     """A module that must import for the technique to run on this machine."""
     compiles: bool = False
     """The run is compiled (measured with the allocator's events on CPU)."""
+    distributed: bool = False
+    """The run needs a process group of two or more ranks (``torchrun``)."""
 
     def __post_init__(self) -> None:
         if self.takes_value and self.name is not TechniqueName.MEMORY_BUDGET:
@@ -97,6 +105,10 @@ TECHNIQUES: dict[TechniqueName, Technique] = {
                   workload={"loss": "chunked"}),
         Technique(name=TechniqueName.OPTIMIZER_8BIT, summary="bitsandbytes AdamW8bit",
                   workload={"optimizer": "adamw-8bit"}, needs_module="bitsandbytes"),
+        Technique(name=TechniqueName.DDP, summary="DistributedDataParallel over the torchrun ranks",
+                  workload={"parallel": {"shard": "ddp"}}, distributed=True),
+        Technique(name=TechniqueName.FSDP, summary="FSDP2 fully_shard of each decoder layer and the root",
+                  workload={"parallel": {"shard": "fsdp"}, "fsdp_wrap": "root"}, distributed=True),
     )
 }  # fmt: skip
 
@@ -173,8 +185,15 @@ def workload_keys(combo: Iterable[AppliedTechnique]) -> dict[str, Any]:
 
 def unavailable_reason(combo: Iterable[AppliedTechnique]) -> str | None:
     """Why the run cannot happen on this machine (a technique's package does not import), or None."""
+    from vramlens.trace.ranks import rank_info
+
+    distributed = [a.name for a in combo if a.technique.distributed]
+    if len(distributed) > 1:
+        return f"{', '.join(distributed)}: one data-parallel strategy per run"
     for applied in combo:
         needed = applied.technique.needs_module
         if needed is not None and importlib.util.find_spec(needed) is None:
             return f"{applied.name}: {needed} is not available on this machine"
+        if applied.technique.distributed and rank_info().world < 2:
+            return f"{applied.name}: needs 2 or more processes (torchrun --nproc_per_node 2 -m vramlens experiment ...)"
     return None

@@ -17,7 +17,7 @@ from typing import Any
 
 from vramlens.units import GiB, MiB
 
-__all__ = ["ExperimentRow", "experiment_markdown", "experiment_rows", "experiment_text", "peak_unit"]
+__all__ = ["ExperimentRow", "experiment_markdown", "experiment_rows", "experiment_text", "peak_unit", "rank_lines"]
 
 
 def peak_unit(rows: Sequence[Mapping[str, Any]]) -> tuple[str, int]:
@@ -111,6 +111,22 @@ def _notes(rows: Sequence[ExperimentRow]) -> list[str]:
     return [f"{row.name}: skipped ({row.skipped})" for row in rows if row.skipped]
 
 
+def rank_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Runs measured on several ranks (torchrun): each rank's peak and the skew (the table's peak
+    is the highest rank's)."""
+    lines = []
+    for row in rows:
+        ranks = row.get("ranks")
+        if not ranks or row.get("skipped"):
+            continue
+        peaks = ", ".join(f"rank {r['rank']} {int(r['measured_peak_bytes']) / MiB:,.2f} MiB" for r in ranks)
+        lines.append(
+            f"{row['name']}: {peaks}; skew {int(row.get('skew_bytes') or 0) / MiB:,.2f} MiB "
+            f"(max/median {row.get('max_over_median')})"
+        )
+    return lines
+
+
 def experiment_text(rows: Sequence[Mapping[str, Any]], *, device: str) -> str:
     """Fixed-width terminal table, the device and skipped runs under it."""
     table = experiment_rows(rows)
@@ -128,6 +144,7 @@ def experiment_text(rows: Sequence[Mapping[str, Any]], *, device: str) -> str:
         "",
         f"device: {device}; peaks are allocated-level, {unit_name} = 2**{unit.bit_length() - 1} bytes",
         *_notes(table),
+        *rank_lines(rows),
     ]
     return "\n".join(lines) + "\n"
 

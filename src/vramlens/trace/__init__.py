@@ -7,13 +7,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from vramlens.trace.ranks import save_ranks
 from vramlens.trace.timeline import CATEGORY_ORDER, Timeline, TimelineBuilder
 from vramlens.trace.timeline_io import load_timeline, save_timeline
 
 if TYPE_CHECKING:
     from vramlens.trace.tracker import MemoryTracker
 
-__all__ = ["CATEGORY_ORDER", "Timeline", "TimelineBuilder", "load_timeline", "save_timeline", "track"]
+__all__ = ["CATEGORY_ORDER", "Timeline", "TimelineBuilder", "load_timeline", "save_ranks", "save_timeline", "track"]
 
 
 @contextmanager
