@@ -104,3 +104,34 @@ def test_inference_commands_run() -> None:
         assert "KV cache:" in result.output
         if "--max-batch" in args:
             assert re.search(r"largest batch that fits: \d+", result.output)
+
+
+def test_readme_links_only_to_files_in_the_repository() -> None:
+    """Every relative link and every ``docs/...`` / ``examples/...`` path the README names exists;
+    the shared design documents (outside the repository) are not named."""
+    assert "DESIGN.md" not in README and "WORKLOAD.md" not in README
+    targets = re.findall(r"\]\(([^)#]+)\)", README) + re.findall(r"`((?:docs|examples|benchmarks)/[^`\s]+)`", README)
+    relative = [t for t in targets if not t.startswith(("http://", "https://"))]
+    assert "docs/workload.md" in relative
+    for target in relative:
+        assert (REPO_ROOT / target).exists(), target
+
+
+def test_from_examples_print_what_the_readme_shows() -> None:
+    """The README's two ``--from`` commands run and print the lines its sample output shows."""
+    import shlex
+
+    from click.testing import CliRunner
+
+    from vramlens.cli.app import cli
+
+    lines = [line for block in _bash_blocks() for line in block.splitlines() if "--from" in line]
+    samples = re.findall(r"```text\n(.*?)```", README, flags=re.S)
+    assert len(lines) == 2
+    for line in lines:
+        result = CliRunner().invoke(cli, shlex.split(line)[1:], env={"COLUMNS": "120"})
+        assert result.exit_code == 0, (line, result.output)
+        sample = next(s for s in samples if s.splitlines()[0] == result.output.splitlines()[0])
+        shown = [row for row in sample.splitlines() if row.strip() != "..."]
+        output = [row.rstrip() for row in result.output.splitlines()]
+        assert all(row.rstrip() in output for row in shown), [row for row in shown if row.rstrip() not in output]
