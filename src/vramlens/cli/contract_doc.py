@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import itertools
 from enum import Enum
 from typing import Any
 
@@ -39,10 +40,10 @@ def _docstrings(cls: type) -> dict[str, str]:
     tree = ast.parse(inspect.getsource(cls))
     body = tree.body[0].body  # type: ignore[attr-defined]
     docs: dict[str, str] = {}
-    for node, following in zip(body, body[1:], strict=False):
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            if isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant):
-                docs[node.target.id] = " ".join(str(following.value.value).split())
+    for node, following in itertools.pairwise(body):
+        named = isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+        if named and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant):
+            docs[node.target.id] = " ".join(str(following.value.value).split())
     return docs
 
 
@@ -101,7 +102,7 @@ _MEANING = {
 def _rows(owner: type, prefix: str, flags: dict[str, str]) -> list[str]:
     docs = _docstrings(owner)
     rows = []
-    for field in dataclasses.fields(owner):  # type: ignore[arg-type]
+    for field in dataclasses.fields(owner):
         if field.name in ("lora", "parallel"):
             continue
         key = f"{prefix}{field.name}"
