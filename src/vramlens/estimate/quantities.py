@@ -105,13 +105,10 @@ def _weights_and_state(ctx: TrainingContext, mem: StageMemory) -> None:
     """Persistent: parameters, optimizer state (+ fp32 master), gradients, DDP buckets."""
     parallel, stage = ctx.workload.parallel, mem.stage
     d_param = _sharded(parallel.shard, ctx.shard_group, _PARAM_SHARDED)
-    d_grad = _sharded(parallel.shard, ctx.shard_group, _GRAD_SHARDED)
     d_state = _sharded(parallel.shard, ctx.shard_group, _STATE_SHARDED)
     on_cpu_params = parallel.offload is Offload.OPTIMIZER_PARAMS
     on_cpu_state = parallel.offload is not Offload.NONE
     optimizer = optimizer_model(ctx.workload.optimizer)
-    buffers = gradient_buffers(ctx, stage)
-    on_cpu_grads = buffers is not None and buffers.partitions_on_cpu
     params = 0.0 if on_cpu_params else stage.frozen_bytes / d_param
     for group in stage.trainable:
         if not on_cpu_params:
@@ -134,21 +131,32 @@ def _weights_and_state(ctx: TrainingContext, mem: StageMemory) -> None:
                 master / d_state,
                 _per_element_formula(group.elements, group.master_bytes, d_state),
             )
-        if not on_cpu_grads:
-            mem.grads += mem.add(
-                f"gradients ({group.name})",
-                Category.GRADIENTS,
-                group.elements * group.grad_bytes / d_grad,
-                _per_element_formula(group.elements, group.grad_bytes, d_grad),
-            )
-    if buffers is not None and buffers.buffer_bytes:
-        mem.grad_buckets = mem.add("ZeRO reduce buckets", Category.GRADIENTS, buffers.buffer_bytes, buffers.formula)
     mem.params = mem.add(
         "parameters",
         Category.PARAMETERS,
         params,
         lambda: f"frozen {format_bytes(int(stage.frozen_bytes))} + trainable, / {d_param} shards",
     )
+    _gradients(ctx, mem)
+
+
+def _gradients(ctx: TrainingContext, mem: StageMemory) -> None:
+    """Gradients (sharded as the strategy shards them, or in CPU memory with an offloaded
+    optimizer: :mod:`vramlens.estimate.offload`), ZeRO reduce buckets, DDP buckets, and the
+    head's and one layer's gradients for the phases."""
+    parallel, stage = ctx.workload.parallel, mem.stage
+    d_grad = _sharded(parallel.shard, ctx.shard_group, _GRAD_SHARDED)
+    buffers = gradient_buffers(ctx, stage)
+    on_cpu_grads = buffers is not None and buffers.partitions_on_cpu
+    for group in stage.trainable if not on_cpu_grads else ():
+        mem.grads += mem.add(
+            f"gradients ({group.name})",
+            Category.GRADIENTS,
+            group.elements * group.grad_bytes / d_grad,
+            _per_element_formula(group.elements, group.grad_bytes, d_grad),
+        )
+    if buffers is not None and buffers.buffer_bytes:
+        mem.grad_buckets = mem.add("ZeRO reduce buckets", Category.GRADIENTS, buffers.buffer_bytes, buffers.formula)
     if parallel.shard is Shard.DDP:
         mem.grad_buckets = mem.add(
             "DDP gradient buckets",
