@@ -49,11 +49,13 @@ def test_json_candidates_carry_full_workloads_best_first(capsys: pytest.CaptureF
 
 
 def test_impossible_request_says_so(capsys: pytest.CaptureFixture[str]) -> None:
-    status, out, _ = run(["plan", "llama-3.1-405b", "--gpu", "a100-80gb", "--format", "json"], capsys)
+    # 405B on one 24 GB L4: even ZeRO-3 with everything offloaded holds two gathered layers
+    # (one A100-80GB does: tests/plan/test_plan.py::test_impossible_request_names_the_smallest_setup)
+    status, out, _ = run(["plan", "llama-3.1-405b", "--gpu", "l4", "--format", "json"], capsys)
     assert status == 0
     data = json.loads(out)
     assert data["candidates"] == [] and "smallest setup that fits" in data["impossible"]
-    status, out, _ = run(["plan", "llama-3.1-405b", "--gpu", "a100-80gb"], capsys)
+    status, out, _ = run(["plan", "llama-3.1-405b", "--gpu", "l4"], capsys)
     assert "impossible: nothing fits" in out
 
 
@@ -123,7 +125,9 @@ def test_cheapest_prints_the_steps_and_json_matches_the_api(capsys: pytest.Captu
     status, out, err = run(args, capsys)
     assert status == 0, err
     assert out.startswith("cheapest change for llama-3.2-1b to fit 1 x rtx-4090")
-    assert "recompute: none -> full" in out and out.count(" yes ") == 1
+    # gradients leave the GPU with the offloaded optimizer (DeepSpeed's stage3.py), so ZeRO-3 offload
+    # at micro-batch 1 fits without recomputation
+    assert "parallel.offload: none -> optimizer+params" in out and out.count(" yes ") == 1
     status, out, err = run([*args, "--format", "json"], capsys)
     assert status == 0, err
     answer = cheapest_change({"model": "llama-3.2-1b", "batch": 16, "seq": 4096}, gpu="rtx-4090", gpus=1)
