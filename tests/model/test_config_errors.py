@@ -44,11 +44,11 @@ CASES = [
     ),
     (
         "unknown model type",
-        {"model_type": "mamba", "d_model": 64},
-        "key 'model_type' 'mamba' is not supported; expected one of",
+        {"model_type": "acme_decoder", "d_model": 64},
+        "model_type 'acme_decoder' ",
     ),
     ("no model type", {"d_model": 64}, "missing required key 'model_type'"),
-    ("model type not a string", {**LLAMA, "model_type": ["llama"]}, "key 'model_type' must be a string"),
+    ("model type not a string", {**LLAMA, "model_type": ["llama"]}, "key 'model_type' must be a non-empty string"),
     (
         "layer_types length",
         {**FAMILY_CONFIGS["gemma2"], "layer_types": ["full_attention"]},

@@ -31,7 +31,7 @@ def hf_attention_kernel(
     family supports SDPA. ``requested`` is the workload's value, ``resolved`` the value after
     the framework default replaced ``auto``. Raises :class:`InputError` for ``sdpa`` and
     ``efficient`` on a family whose transformers class refuses SDPA."""
-    style, _ = hf_style(model_type)
+    style = hf_style(model_type)
     if style.sdpa or resolved is AttentionImpl.EAGER:
         return resolved, ""
     if requested is AttentionImpl.AUTO:

@@ -43,12 +43,9 @@ def train_state(ctx: TrainingContext, targets: frozenset[str]) -> TrainState:
 
 
 def _recipe(ctx: TrainingContext, state: TrainState, notes: list[str]) -> LayerRecipe:
-    style, note = hf_style(ctx.spec.model_type)
-    if note:
-        notes.append(note)
     return LayerRecipe(
         spec=ctx.spec,
-        style=style,
+        style=hf_style(ctx.spec.model_type),
         compute_bytes=ctx.compute_bytes,
         # fp32 residual stream: fp32 weights under autocast (full training, or QLoRA's k-bit preparation)
         autocast=ctx.autocast and (ctx.method is Method.FULL or kbit_prepared(ctx.workload, ctx.profile)),

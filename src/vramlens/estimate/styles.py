@@ -92,9 +92,7 @@ HF_STYLES: Final[dict[str, HfStyle]] = {
 }
 
 
-def hf_style(model_type: str) -> tuple[HfStyle, str | None]:
-    """The style for ``model_type`` (Llama's for unknown types, with a note)."""
-    style = HF_STYLES.get(model_type)
-    if style is None:
-        return HF_STYLES["llama"], f"activations of model_type {model_type!r} modeled as a Llama-style layer"
-    return style, None
+def hf_style(model_type: str) -> HfStyle:
+    """The style of a native family's ``model_type`` (every native family has one: a test checks it;
+    types described from transformers' code use traced recipes, never a look-alike's style)."""
+    return HF_STYLES[model_type]

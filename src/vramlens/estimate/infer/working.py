@@ -72,7 +72,7 @@ def eager_scores_bytes(spec: ModelSpec, *, batch: int, seq_q: int, seq_kv: int, 
     copy before the float32 output: ATen ``softmax`` fuses the cast only for fp16 on CUDA),
     ``2c`` otherwise (in-dtype softmax: input and output; fp32 scores: the cast is a no-op).
     """
-    style, _ = hf_style(spec.model_type)
+    style = hf_style(spec.model_type)
     c = compute_bytes
     per_element = c + 8 if (style.eager_softmax_fp32 and c < 4) else 2 * c
     return batch * (spec.num_heads // tp) * seq_q * seq_kv * per_element
@@ -104,7 +104,7 @@ def _held_bytes_per_token(spec: ModelSpec, compute_bytes: int, *, mlp: bool) -> 
     MLP: the held embeddings, what the layer holds (``HfStyle.mlp_held``), the residual and
     the MLP's normed input (none in OLMo 2, which norms after the MLP).
     """
-    style, _ = hf_style(spec.model_type)
+    style = hf_style(spec.model_type)
     if mlp:
         normed = 1 if (style.pre_mlp_norm or spec.parallel_residual) else 0
         hidden = style.held_embeddings + style.mlp_held + 1 + normed
