@@ -21,9 +21,11 @@ from vramlens.errors import ConfigError
 
 __all__ = [
     "AttentionSpec",
+    "FfnKind",
     "LayerSpec",
     "MlaSpec",
     "MlpKind",
+    "MixerKind",
     "MlpSpec",
     "MoeSpec",
     "NormKind",
@@ -67,6 +69,30 @@ class PositionKind(StrEnum):
     ALIBI = "alibi"
     """ALiBi attention biases: no parameters (the bias tensor is an activation)."""
     NONE = "none"
+
+
+class MixerKind(StrEnum):
+    """What mixes tokens in a decoder layer."""
+
+    ATTENTION = "attention"
+    """Softmax self-attention (full, sliding-window or chunked): a KV cache per token."""
+    LINEAR_ATTENTION = "linear_attention"
+    """Linear attention with a recurrent state (gated DeltaNet): a state per sequence."""
+    MAMBA = "mamba"
+    """A selective state-space mixer (Mamba 1/2): convolution and SSM states per sequence."""
+    NONE = "none"
+    """No token mixer: the layer is only a feed-forward block (Nemotron-H's MLP/MoE blocks)."""
+
+
+class FfnKind(StrEnum):
+    """The feed-forward block of a decoder layer."""
+
+    DENSE = "dense"
+    """The dense MLP (``ModelSpec.mlp``)."""
+    MOE = "moe"
+    """The mixture of experts (``ModelSpec.moe``)."""
+    NONE = "none"
+    """No feed-forward block (Nemotron-H's mixer-only blocks)."""
 
 
 class QKNorm(StrEnum):
@@ -148,6 +174,8 @@ class AttentionSpec:
     """Gemma 2's attention logit soft-capping (forces eager attention in some stacks)."""
     dropout: float = 0.0
     """Attention-probability dropout during training."""
+    sinks: bool = False
+    """A learned sink logit per head joins every softmax (gpt-oss): ``num_heads`` more parameters."""
 
     def __post_init__(self) -> None:
         _require(self.num_heads > 0, "attention.num_heads: must be a positive integer")
@@ -229,8 +257,27 @@ class LayerSpec:
 
     window: int | None = None
     """Sliding-window size for local attention layers; None for full (global) attention."""
-    moe: bool = False
-    """True when this layer's FFN is the MoE block, False when it is the dense MLP."""
+    ffn: FfnKind = FfnKind.DENSE
+    """The layer's feed-forward block: the dense MLP, the MoE block, or none."""
+    mixer: MixerKind = MixerKind.ATTENTION
+    """The layer's token mixer."""
+    chunk: int | None = None
+    """Chunked local attention (Llama 4): queries see only keys of their own chunk of this many tokens."""
+    rope: bool = True
+    """Rotary embeddings are applied in this layer's attention (False: a NoPE layer)."""
+
+    def __post_init__(self) -> None:
+        _require(self.window is None or self.window > 0, "layer.window: must be a positive integer or null")
+        _require(self.chunk is None or self.chunk > 0, "layer.chunk: must be a positive integer or null")
+        _require(
+            self.mixer is MixerKind.ATTENTION or (self.window is None and self.chunk is None),
+            "layer.window: only attention layers have a window or chunk",
+        )
+
+    @property
+    def moe(self) -> bool:
+        """True when this layer's FFN is the MoE block."""
+        return self.ffn is FfnKind.MOE
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

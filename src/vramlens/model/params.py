@@ -77,7 +77,7 @@ def attention_parameters(attention: AttentionSpec, hidden: int) -> int:
     ``q: h -> H*d``, ``k, v: h -> Hkv*d``, ``o: H*d -> h`` (fused qkv layouts
     such as Phi-3's ``qkv_proj`` or Falcon's ``query_key_value`` hold the same
     count). Q/K norms: per-head adds ``2*norm(d)``; per-projection adds
-    ``norm(H*d) + norm(Hkv*d)``.
+    ``norm(H*d) + norm(Hkv*d)``. Attention sinks (gpt-oss) add one logit per head.
     """
     if attention.mla is not None:
         return mla_attention_parameters(
@@ -100,6 +100,8 @@ def attention_parameters(attention: AttentionSpec, hidden: int) -> int:
         projections += norm_parameters(attention.qk_norm_spec, q_width) + norm_parameters(
             attention.qk_norm_spec, kv_width
         )
+    if attention.sinks:
+        projections += attention.num_heads
     return projections
 
 

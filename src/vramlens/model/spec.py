@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from vramlens.model.components import (
     AttentionSpec,
+    FfnKind,
     LayerSpec,
+    MixerKind,
     MlaSpec,
     MlpKind,
     MlpSpec,
@@ -36,7 +38,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AttentionSpec",
+    "FfnKind",
     "LayerSpec",
+    "MixerKind",
     "MlaSpec",
     "MlpKind",
     "MlpSpec",
@@ -124,8 +128,8 @@ class ModelSpec:
             len(self.layers) == self.num_layers,
             f"layers: {len(self.layers)} layer entries for num_layers={self.num_layers}",
         )
-        uses_moe = any(layer.moe for layer in self.layers)
-        uses_dense = any(not layer.moe for layer in self.layers)
+        uses_moe = any(layer.ffn is FfnKind.MOE for layer in self.layers)
+        uses_dense = any(layer.ffn is FfnKind.DENSE for layer in self.layers)
         _require(not uses_moe or self.moe is not None, "moe: MoE layers present but no MoE block described")
         _require(not uses_dense or self.mlp is not None, "mlp: dense layers present but no dense MLP described")
         _require(self.norms_per_layer >= 0, "norms_per_layer: must not be negative")
