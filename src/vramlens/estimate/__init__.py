@@ -31,13 +31,6 @@ def estimate(workload: Workload | Mapping[str, Any] | str | os.PathLike[str], **
 
 def estimate_resolved(spec: ModelSpec, workload: Workload, gpu: GpuSpec | None) -> MemoryReport:
     """The estimate of an already loaded workload and model: the engine for its mode."""
-    if spec.generic is not None:
-        from vramlens.errors import InputError
-
-        raise InputError(
-            f"model: {spec.name} ({spec.model_type}) has no native vramlens family and its recipes are not "
-            "traced yet; use `vramlens simulate` for it"
-        )
     if workload.mode is Mode.INFER:
         from vramlens.estimate.infer import estimate_inference
 

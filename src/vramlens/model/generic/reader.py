@@ -47,7 +47,7 @@ def build_hf_config(config: dict[str, Any], model_type: str) -> Any:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return transformers.AutoConfig.for_model(model_type, **kwargs)
-    except (ValueError, KeyError, TypeError, AttributeError) as error:
+    except Exception as error:  # foreign config code (strict dataclass validators raise their own types)
         raise ConfigError(
             f"model_type {model_type!r}: transformers {transformers.__version__} cannot build its config "
             f"({type(error).__name__}: {_short(error)})"
@@ -116,11 +116,15 @@ def _decoder_layers(torch: Any, model: Any) -> tuple[str, Any]:
 
 
 def _per_layer_values(hf_config: Any, layers: int) -> list[tuple[str, Any]]:
-    """Config attributes that are lists with one entry per layer (``layer_types``, ...)."""
+    """Config attributes that give each layer a type: lists with one string or flag per layer
+    (``layer_types``, ``layers_block_type``, ``no_rope_layers``). Lists of numbers (index lists
+    such as ``mlp_only_layers``, per-layer limits) are not types."""
     text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
     found = []
     for key, value in sorted(vars(text).items()):
-        if isinstance(value, (list, tuple)) and len(value) == layers and not key.startswith("_"):
+        if key.startswith("_") or not isinstance(value, (list, tuple)) or len(value) != layers:
+            continue
+        if all(isinstance(v, str) for v in value) or all(isinstance(v, bool) or v in (0, 1) for v in value):
             found.append((key, value))
     return found
 

@@ -29,8 +29,9 @@ from vramlens.errors import MissingExtraError
 
 __all__ = ["FORMAT", "RecipeFile", "cache_dir", "config_digest", "library_versions", "recipe_file"]
 
-#: Version of the file layout; a file of another version is derived again.
-FORMAT: Final = 1
+#: Version of the file layout and of what the reader and the tracer measure; a file of another
+#: version is derived again (bump it whenever either changes what it records).
+FORMAT: Final = 3
 #: Largest recipe file read back (real ones are a few KiB to a few hundred KiB).
 MAX_FILE_BYTES: Final = 16 * 2**20
 
