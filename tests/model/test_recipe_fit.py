@@ -49,9 +49,16 @@ def test_a_fit_is_exact_at_its_own_sizes_even_when_the_bytes_are_not_polynomial(
 
 
 def test_tiny_lengths_lower_the_degree() -> None:
-    fit = solve_fit(1, (10, 10, 10, 17, 17))
+    fit = solve_fit(1, (17, 17, 17, 24, 24))
     assert (fit.constant, fit.per_sequence, fit.per_token, fit.per_token2) == (3.0, 7.0, 0.0, 0.0)
     assert fit.at(4, 1) == 3 + 4 * 7
+
+
+def test_one_sequence_is_measured_on_its_own_when_the_code_keeps_other_tensors() -> None:
+    values = tuple(1000 * b * s for b, s in fit_sizes(64))
+    assert solve_fit(64, values, batch_one=64_000).batch_one is None  # on the line: nothing to keep
+    fit = solve_fit(64, values, batch_one=90_000)  # a fused buffer kept whole for one sequence only
+    assert (fit.at(1, 64), fit.at(2, 64), fit.at(1, 32)) == (90_000, 128_000, 32_000)
 
 
 def test_a_fit_never_reports_negative_bytes() -> None:
@@ -59,7 +66,9 @@ def test_a_fit_never_reports_negative_bytes() -> None:
 
 
 def _fit(x: float) -> Fit:
-    return Fit(constant=x, shared_per_token=x + 1, per_sequence=x + 2, per_token=x + 3, per_token2=x + 4)
+    return Fit(
+        constant=x, shared_per_token=x + 1, per_sequence=x + 2, per_token=x + 3, per_token2=x + 4, seq=64, batch_one=9
+    )
 
 
 @pytest.mark.parametrize(

@@ -239,8 +239,14 @@ def _fake_run(spec: Any) -> Iterator[Any]:
 
 
 def _fits(seq: int, values: list[int]) -> Fit:
-    """The fit through the first five ``values`` (measured at :func:`fit_sizes` of ``seq``)."""
-    return solve_fit(seq, tuple(values[:5]))
+    """The fit through the first five ``values`` (measured at :func:`fit_sizes` of ``seq``); the
+    seventh, if any, was measured for one sequence of ``seq`` tokens (see :func:`_sizes`)."""
+    return solve_fit(seq, tuple(values[:5]), batch_one=values[6] if len(values) > 6 else None)
+
+
+def _sizes(seq: int) -> list[tuple[int, int]]:
+    """The fit's five sizes, the check's size, and one sequence of ``seq`` tokens."""
+    return [*fit_sizes(seq), check_size(seq), (1, seq)]
 
 
 def _close(fit: Fit, batch: int, seq: int, measured: int) -> bool:
@@ -260,7 +266,7 @@ def derive_training(ctx: TrainingContext) -> TrainingRecipe:
     positions = _positions_of(layout, chosen)
     kept: list[Any] = []
     seq = workload.seq
-    sizes = [*fit_sizes(seq), check_size(seq)]
+    sizes = _sizes(seq)
     samples: list[_TrainingSample] = []
     with _fake_run(spec) as fake_mode:
         model = build_model(
@@ -306,7 +312,7 @@ def derive_training(ctx: TrainingContext) -> TrainingRecipe:
         kinds=kinds,
         outside_forward=outside_forward,
         outside_backward=outside_backward,
-        head_constant=round(_fits(seq, [s.head for s in samples]).constant),
+        head_constant=round(_fits(seq, [s.head for s in samples[:5]]).constant),
         trainable_outside=weights.trainable_outside,
         frozen_outside_bytes=weights.frozen_outside,
         notes=tuple(notes),
@@ -400,8 +406,8 @@ def derive_inference(ctx: InferenceContext) -> InferenceRecipe:
     chosen = _subset(layout)
     positions = _positions_of(layout, chosen)
     kept: list[Any] = []
-    prompt_sizes = [*fit_sizes(ctx.prompt), check_size(ctx.prompt)]
-    context_sizes = [*fit_sizes(ctx.context), check_size(ctx.context)] if ctx.context > ctx.prompt else []
+    prompt_sizes = _sizes(ctx.prompt)
+    context_sizes = _sizes(ctx.context) if ctx.context > ctx.prompt else []
     with _fake_run(spec) as fake_mode:
         model = build_model(
             spec,

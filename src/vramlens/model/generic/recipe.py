@@ -8,16 +8,19 @@ engine reads it in pure Python (:mod:`vramlens.estimate.recipe_route`).
 
 Every quantity is a :class:`Fit`: ``constant + shared_per_token x s + batch x
 (per_sequence + per_token x s + per_token2 x s^2)`` bytes, exact at the five sizes it was
-fitted on, two of which have the workload's own sequence length, and checked on a sixth size
-it was not fitted on. ``constant`` holds what grows with neither (autocast weight copies,
-tensors of parameter size), ``shared_per_token`` what one sequence length shares across
-the batch (rotary tables computed for ``[1, s]`` positions); the rest is per sequence.
+fitted on (batches of 2 and 3), two of which have the workload's own sequence length, and
+checked on a sixth size it was not fitted on. ``constant`` holds what grows with neither
+(autocast weight copies, tensors of parameter size), ``shared_per_token`` what one sequence
+length shares across the batch (rotary tables computed for ``[1, s]`` positions); the rest is
+per sequence. A batch of one sequence is measured on its own (``batch_one``): there the code
+may keep other tensors (a view of a fused projection is contiguous only for one sequence,
+so no copy is made and the whole fused output stays alive, GPT-NeoX).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, Final
 
 __all__ = [
@@ -48,45 +51,64 @@ class Fit:
     per_sequence: float
     per_token: float
     per_token2: float
+    seq: int = 0
+    """The length the fit is centred on."""
+    batch_one: int | None = None
+    """Bytes measured for one sequence of ``seq`` tokens, when they differ from the fit's."""
 
     def at(self, batch: int, seq: int) -> int:
         """Bytes at ``batch`` sequences of ``seq`` tokens (never negative)."""
+        if batch == 1 and seq == self.seq and self.batch_one is not None:
+            return self.batch_one
         per_sequence = self.per_sequence + self.per_token * seq + self.per_token2 * seq * seq
         return max(0, round(self.constant + self.shared_per_token * seq + batch * per_sequence))
 
 
+#: The two batch sizes a fit is measured at (batch 1 is measured on its own, see the module docstring).
+_LOW, _HIGH = 2, 3
+
+
 def fit_sizes(seq: int) -> tuple[tuple[int, int], ...]:
-    """The (batch, seq) sizes a fit centred on ``seq`` is measured at: three lengths at batch 1
-    (``seq / 4``, ``seq / 2``, ``seq``) and the last two at batch 2."""
+    """The (batch, seq) sizes a fit centred on ``seq`` is measured at: three lengths (``seq / 4``,
+    ``seq / 2``, ``seq``) at batch 2, the last two at batch 3."""
     quarter, half = max(1, seq // 4), max(1, seq // 2)
-    return ((1, quarter), (1, half), (1, seq), (2, half), (2, seq))
+    return ((_LOW, quarter), (_LOW, half), (_LOW, seq), (_HIGH, half), (_HIGH, seq))
 
 
 def check_size(seq: int) -> tuple[int, int]:
-    """The size a fit is checked on (not fitted on): batch 3 between the first and last length."""
+    """The size a fit is checked on (not fitted on): batch 4 between the first and last length."""
     quarter = max(1, seq // 4)
-    return 3, max(1, (quarter + seq) // 2)
+    return _HIGH + 1, max(1, (quarter + seq) // 2)
 
 
-def solve_fit(seq: int, values: tuple[int, ...]) -> Fit:
-    """The :class:`Fit` through the five ``values`` measured at :func:`fit_sizes` of ``seq``.
+def solve_fit(seq: int, values: tuple[int, ...], *, batch_one: int | None = None) -> Fit:
+    """The :class:`Fit` through the five ``values`` measured at :func:`fit_sizes` of ``seq``
+    (and ``batch_one``, measured at one sequence of ``seq``, kept when the fit misses it).
 
-    The per-sequence part ``f(s)`` is the batch-2 value minus the batch-1 one at ``seq / 2`` and
-    ``seq``; what remains at batch 1 is the shared part, a line through those two lengths; ``f``
-    at ``seq / 4`` is the batch-1 value there minus the line, and a quadratic passes through the
-    three values of ``f`` (fewer distinct lengths for a tiny ``seq``: a lower degree).
+    The per-sequence part ``f(s)`` is the batch-3 value minus the batch-2 one at ``seq / 2`` and
+    ``seq``; what remains of batch 2 is the shared part, a line through those two lengths; ``f``
+    at ``seq / 4`` follows from the batch-2 value there minus the line, and a quadratic passes
+    through the three values of ``f`` (fewer distinct lengths for a tiny ``seq``: a lower degree).
     """
     (_, s1), (_, s2), (_, s3), _, _ = fit_sizes(seq)
     v1, v2, v3, v4, v5 = values
-    f2, f3 = v4 - v2, v5 - v3
-    shared2, shared3 = v2 - f2, v3 - f3
+    f2, f3 = (v4 - v2) / (_HIGH - _LOW), (v5 - v3) / (_HIGH - _LOW)
+    shared2, shared3 = v2 - _LOW * f2, v3 - _LOW * f3
     slope = (shared3 - shared2) / (s3 - s2) if s3 != s2 else 0.0
     constant = shared3 - slope * s3
-    points = sorted({s1: v1 - constant - slope * s1, s2: f2, s3: f3}.items())
+    points = sorted({s1: (v1 - constant - slope * s1) / _LOW, s2: f2, s3: f3}.items())
     per_sequence, per_token, per_token2 = _through(points)
-    return Fit(
-        constant=constant, shared_per_token=slope, per_sequence=per_sequence, per_token=per_token, per_token2=per_token2
+    fit = Fit(
+        constant=constant,
+        shared_per_token=slope,
+        per_sequence=per_sequence,
+        per_token=per_token,
+        per_token2=per_token2,
+        seq=seq,
     )
+    if batch_one is not None and fit.at(1, seq) != batch_one:
+        fit = replace(fit, batch_one=batch_one)
+    return fit
 
 
 def _through(points: list[tuple[int, float]]) -> tuple[float, float, float]:
@@ -186,18 +208,21 @@ class InferenceRecipe:
     notes: tuple[str, ...] = ()
 
 
-def _fit_json(fit: Fit) -> list[float]:
-    return [fit.constant, fit.shared_per_token, fit.per_sequence, fit.per_token, fit.per_token2]
+def _fit_json(fit: Fit) -> list[float | int | None]:
+    return [fit.constant, fit.shared_per_token, fit.per_sequence, fit.per_token, fit.per_token2, fit.seq, fit.batch_one]
 
 
 def _fit(raw: Any) -> Fit:
-    constant, shared, per_sequence, per_token, per_token2 = (float(x) for x in raw)
+    constant, shared, per_sequence, per_token, per_token2 = (float(x) for x in raw[:5])
+    batch_one = raw[6]
     return Fit(
         constant=constant,
         shared_per_token=shared,
         per_sequence=per_sequence,
         per_token=per_token,
         per_token2=per_token2,
+        seq=int(raw[5]),
+        batch_one=None if batch_one is None else int(batch_one),
     )
 
 
