@@ -63,3 +63,37 @@ def small_config(model_type: str) -> dict[str, Any]:
     config = transformers.AutoConfig.for_model(model_type, **SMALL[model_type]).to_dict()
     config["model_type"] = model_type
     return json.loads(json.dumps(config, default=str))
+
+
+#: Types without a native family whose recipe-based estimates are checked against the simulator
+#: (tests/simulate/test_recipe_agreement.py): transformers' default config with 4 layers (the
+#: layer pattern of each kept), one or more of each kind of architecture: dense decoders with
+#: every position scheme (rotary, partial rotary, ALiBi, learned), parallel blocks, MoE, hybrids
+#: with convolution or linear-attention layers.
+AGREEMENT_TYPES: tuple[str, ...] = (
+    "lfm2",
+    "olmo3",
+    "exaone4",
+    "granite",
+    "granitemoe",
+    "stablelm",
+    "persimmon",
+    "bloom",
+    "mpt",
+    "opt",
+    "gptj",
+    "codegen",
+    "bitnet",
+    "apertus",
+    "seed_oss",
+    "minimax",
+)
+
+
+def four_layer_config(model_type: str) -> dict[str, Any]:
+    """transformers' default config of ``model_type`` with 4 decoder layers, as a config.json holds it."""
+    import transformers
+
+    config = transformers.AutoConfig.for_model(model_type, num_hidden_layers=4).to_dict()
+    config["model_type"] = model_type
+    return json.loads(json.dumps(config, default=str))

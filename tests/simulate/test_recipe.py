@@ -21,7 +21,7 @@ from conftest import requires_hf
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "estimate"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
 
-from test_activations_hf import _CONFIGS, _cases, _tolerance, estimated_per_token
+from test_activations_hf import _CONFIGS, _EAGER_ONLY, _tolerance, estimated_per_token
 
 pytestmark = [requires_hf, pytest.mark.hf]
 
@@ -44,6 +44,16 @@ def traced_per_token(config: dict[str, Any], *, precision: str, attention: str, 
     fit = recipe.kinds[spec.generic.layer_kinds[layer]].end_of_forward
     per_sequence = fit.at(_BATCH, _SEQ) - fit.at(0, _SEQ)
     return per_sequence / (_BATCH * _SEQ)
+
+
+def _cases() -> list[tuple[str, str, str]]:
+    """Every family in bf16 with its usual kernel (SDPA, or eager where transformers refuses SDPA
+    or the CPU would fall back to the math kernel), and the s x s eager path of a few in fp32."""
+    cases = [
+        (family, "bf16", "eager" if family in _EAGER_ONLY else "sdpa") for family in _CONFIGS if family != "gemma3"
+    ]
+    cases += [(family, "fp32", "eager") for family in ("llama", "gemma", "gpt_neox", "falcon-sequential", "phi")]
+    return cases
 
 
 @pytest.mark.slow

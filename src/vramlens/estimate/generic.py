@@ -24,12 +24,12 @@ from typing import Any
 from vramlens.errors import InputError
 from vramlens.estimate.context import TrainingContext
 from vramlens.estimate.layout import EMBED_NAMES, ParamLayout, StageView, TrainableGroup, effective_quant
-from vramlens.estimate.qlora import kbit_prepared, unquantized_bytes
+from vramlens.estimate.qlora import BNB_4BIT_QUANTS, kbit_prepared, unquantized_bytes
 from vramlens.model.generic.layout import Component, GenericLayout
 from vramlens.model.generic.recipe import InferenceRecipe, TrainingRecipe, recipe_from_json, recipe_to_json
 from vramlens.model.generic.store import RecipeFile, recipe_file
 from vramlens.model.spec import ModelSpec
-from vramlens.workload.options import Framework, Method, Recompute
+from vramlens.workload.options import Framework, Method, Quant, Recompute
 from vramlens.workload.spec import ALL_LINEAR
 
 __all__ = [
@@ -65,6 +65,13 @@ def check_generic_training(ctx: TrainingContext) -> None:
         raise _refuse("compile", "true", spec, "recipes trace the eager code")
     if workload.recompute is Recompute.SELECTIVE:
         raise _refuse("recompute", "selective", spec, "transformers checkpoints whole layers; use full or none")
+    if spec.quantization is not None and ctx.method is Method.FULL:
+        raise _refuse(
+            "quantization_config", spec.quantization.workload_name, spec, "the tracer builds its weights unquantized"
+        )
+    quant = effective_quant(ctx)
+    if quant not in (Quant.NONE, *BNB_4BIT_QUANTS):
+        raise _refuse("quant", quant, spec, "recipes trace bitsandbytes NF4 (nf4, nf4-dq) or unquantized weights")
 
 
 # ---- weights -----------------------------------------------------------------------------

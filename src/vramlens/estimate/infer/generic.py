@@ -43,6 +43,8 @@ def check_generic_inference(ctx: InferenceContext) -> None:
         raise InputError(f"max_num_batched_tokens: chunked prefill {what}; leave it unset for generate()")
     if ctx.kv_bytes != ctx.compute_bytes:
         raise InputError(f"kv_dtype: {workload.kv_dtype} {what}; transformers caches keep the compute dtype")
+    if ctx.weights is not None and ctx.weights.scheme.value != "bnb-4bit":
+        raise InputError(f"quant: {ctx.weights.name} {what}: the tracer builds bitsandbytes NF4 or unquantized weights")
 
 
 def _kinds(layout: GenericLayout, layers: range) -> dict[int, int]:
