@@ -133,3 +133,22 @@ def test_inference_of_a_hybrid_holds_its_recurrent_state_per_sequence(hybrid: An
     cache = one.phases[0].breakdown[Category.KV_CACHE]
     assert cache - 64 * one.serving.kv_bytes_per_token > 0
     assert two.phases[0].breakdown[Category.KV_CACHE] == 2 * cache
+
+
+@pytest.mark.slow
+def test_a_recipe_that_holds_between_lengths_serves_shorter_sequences(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    from generic_configs import four_layer_config
+    from vramlens.estimate import estimate
+    from vramlens.model.families import parse_config
+    from vramlens.simulate import simulate
+
+    spec = parse_config(four_layer_config("stablelm"), source="stablelm")
+    estimate({"model": spec, "batch": 2, "seq": 256, "precision": "bf16"})
+    tracer = importlib.import_module("vramlens.simulate.recipe")
+    monkeypatch.setattr(tracer, "derive_training", lambda ctx: pytest.fail("traced again"))
+    shorter = {"model": spec, "batch": 3, "seq": 96, "precision": "bf16"}
+    estimated = estimate(shorter).allocated_bytes
+    monkeypatch.undo()
+    assert estimated == pytest.approx(simulate(shorter).allocated_bytes, rel=0.01)

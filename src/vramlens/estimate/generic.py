@@ -228,30 +228,66 @@ def _file(spec: ModelSpec) -> RecipeFile:
     return file
 
 
-def _recipe(spec: ModelSpec, signature: dict[str, Any], derive: str, ctx: Any) -> Any:
-    """The recipe stored under ``signature``, or traced by ``vramlens.simulate.recipe.<derive>``."""
-    key = json.dumps(signature, sort_keys=True)
+def _recipe(spec: ModelSpec, signature: dict[str, Any], lengths: dict[str, int], derive: str, ctx: Any) -> Any:
+    """The recipe stored under ``signature`` and ``lengths``, or one of the same signature that
+    interpolates over a range holding them (:func:`_covers`), or a new one traced by
+    ``vramlens.simulate.recipe.<derive>`` and stored."""
+    key = json.dumps({**signature, **lengths}, sort_keys=True)
     cache = spec.derived_cache
     if ("recipe", key) in cache:
         return cache[("recipe", key)]
     file = _file(spec)
     document = file.read() or {}
-    stored = document.get("recipes", {}).get(key) if isinstance(document.get("recipes"), dict) else None
-    recipe = None
-    if isinstance(stored, dict):
-        try:
-            recipe = recipe_from_json(stored)
-        except (KeyError, ValueError, TypeError):
-            recipe = None
+    found = document.get("recipes")
+    stored: dict[str, Any] = found if isinstance(found, dict) else {}
+    recipe = _stored(stored.get(key)) or _interpolating(stored, signature, lengths)
     if recipe is None:
         tracer = importlib.import_module("vramlens.simulate.recipe")
         recipe = getattr(tracer, derive)(ctx)
         document = file.read() or document
-        stored_recipes = document.get("recipes")
-        recipes: dict[str, Any] = stored_recipes if isinstance(stored_recipes, dict) else {}
+        stored_now = document.get("recipes")
+        recipes: dict[str, Any] = stored_now if isinstance(stored_now, dict) else {}
         file.write({**document, "recipes": {**recipes, key: recipe_to_json(recipe)}})
     cache[("recipe", key)] = recipe
     return recipe
+
+
+def _stored(raw: Any) -> TrainingRecipe | InferenceRecipe | None:
+    if not isinstance(raw, dict):
+        return None
+    try:
+        return recipe_from_json(raw)
+    except (KeyError, ValueError, TypeError, IndexError):
+        return None
+
+
+def _covers(fitted: int, wanted: int) -> bool:
+    """A fit centred on ``fitted`` tokens was measured from a quarter of it up to it."""
+    return max(1, fitted // 4) <= wanted <= fitted
+
+
+def _interpolating(
+    stored: dict[str, Any], signature: dict[str, Any], lengths: dict[str, int]
+) -> TrainingRecipe | InferenceRecipe | None:
+    """A stored recipe of the same signature whose check held, fitted over lengths covering ours."""
+    for key, raw in stored.items():
+        try:
+            found = json.loads(key)
+        except ValueError:
+            continue
+        if not isinstance(found, dict) or {k: v for k, v in found.items() if k not in lengths} != signature:
+            continue
+        recipe = _stored(raw)
+        if recipe is None or not recipe.interpolates:
+            continue
+        fitted = (
+            {"seq": recipe.seq}
+            if isinstance(recipe, TrainingRecipe)
+            else {"prompt": recipe.prompt, "context": recipe.context}
+        )
+        if all(name in fitted and _covers(fitted[name], want) for name, want in lengths.items()):
+            return recipe
+    return None
 
 
 def _training_signature(ctx: TrainingContext, recompute: bool) -> dict[str, Any]:
@@ -270,7 +306,6 @@ def _training_signature(ctx: TrainingContext, recompute: bool) -> dict[str, Any]
         else None,
         "attention": str(ctx.attention),
         "recompute": recompute,
-        "seq": workload.seq,
     }
 
 
@@ -282,7 +317,8 @@ def training_recipe(ctx: TrainingContext, *, recompute: bool) -> TrainingRecipe:
     wanted = Recompute.FULL if recompute else Recompute.NONE
     if ctx.workload.recompute is not wanted or ctx.workload.recompute_every != 1:
         traced = replace(ctx, workload=replace(ctx.workload, recompute=wanted, recompute_every=1))
-    recipe = _recipe(ctx.spec, _training_signature(ctx, recompute), "derive_training", traced)
+    lengths = {"seq": ctx.workload.seq}
+    recipe = _recipe(ctx.spec, _training_signature(ctx, recompute), lengths, "derive_training", traced)
     assert isinstance(recipe, TrainingRecipe)
     return recipe
 
@@ -296,10 +332,10 @@ def inference_recipe(ctx: Any) -> InferenceRecipe:
         "compute_bytes": ctx.compute_bytes,
         "attention": str(ctx.attention),
         "weights": ctx.weights.name if ctx.weights is not None else None,
-        "prompt": ctx.prompt,
-        "context": ctx.context,
+        "generates": ctx.context > ctx.prompt,
     }
-    recipe = _recipe(ctx.spec, signature, "derive_inference", ctx)
+    lengths = {"prompt": ctx.prompt, "context": ctx.context}
+    recipe = _recipe(ctx.spec, signature, lengths, "derive_inference", ctx)
     assert isinstance(recipe, InferenceRecipe)
     return recipe
 

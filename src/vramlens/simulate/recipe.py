@@ -245,8 +245,16 @@ def _fits(seq: int, values: list[int]) -> Fit:
 
 
 def _sizes(seq: int) -> list[tuple[int, int]]:
-    """The fit's five sizes, the check's size, and one sequence of ``seq`` tokens."""
-    return [*fit_sizes(seq), check_size(seq), (1, seq)]
+    """The fit's five sizes and the check's (one sequence, between the shortest and longest length).
+    When the check misses, one sequence of ``seq`` tokens is measured too (:func:`_measured`)."""
+    return [*fit_sizes(seq), check_size(seq)]
+
+
+def _measured(run: Callable[[int, int], Any], seq: int, samples: list[Any], fitted: Callable[[], bool]) -> None:
+    """When ``fitted()`` says the check missed (the fit does not hold down to one sequence, or
+    between lengths), add a sample of one sequence of ``seq`` tokens, kept exactly by the fits."""
+    if not fitted():
+        samples.append(run(1, seq))
 
 
 def _close(fit: Fit, batch: int, seq: int, measured: int) -> bool:
@@ -266,8 +274,6 @@ def derive_training(ctx: TrainingContext) -> TrainingRecipe:
     positions = _positions_of(layout, chosen)
     kept: list[Any] = []
     seq = workload.seq
-    sizes = _sizes(seq)
-    samples: list[_TrainingSample] = []
     with _fake_run(spec) as fake_mode:
         model = build_model(
             spec,
@@ -281,8 +287,17 @@ def derive_training(ctx: TrainingContext) -> TrainingRecipe:
         notes = _recompute(model, workload)
         params = [p for p in model.parameters() if p.requires_grad]
         weights = _weights(model, kept[0], positions)
-        for batch, length in sizes:
-            samples.append(_training_step(torch, model, kept[0], ctx, fake_mode, params, positions, batch, length))
+
+        def run(batch: int, length: int) -> _TrainingSample:
+            return _training_step(torch, model, kept[0], ctx, fake_mode, params, positions, batch, length)
+
+        samples = [run(batch, length) for batch, length in _sizes(seq)]
+        _measured(run, seq, samples, lambda: _training_recipe(samples, seq, weights, notes).interpolates)
+    return _training_recipe(samples, seq, weights, notes)
+
+
+def _training_recipe(samples: list[_TrainingSample], seq: int, weights: _Weights, notes: list[str]) -> TrainingRecipe:
+    """The recipe through the samples (the sixth is the check; a seventh, one sequence of ``seq``)."""
     kinds = tuple(
         TrainingKind(
             end_of_forward=_fits(seq, [s.kinds[k][0] for s in samples]),
@@ -292,12 +307,12 @@ def derive_training(ctx: TrainingContext) -> TrainingRecipe:
             trainable=weights.trainable[k],
             frozen_bytes=weights.frozen[k],
         )
-        for k in range(len(layout.kinds))
+        for k in range(len(samples[0].kinds))
     )
     outside_forward = _fits(seq, [s.outside[0] for s in samples])
     outside_backward = _fits(seq, [s.outside[1] for s in samples])
-    check, (batch, length) = samples[5], sizes[5]
-    interpolates = all(
+    check, (batch, length) = samples[5], check_size(seq)
+    interpolates = len(samples) == 6 and all(
         _close(fit, batch, length, measured)
         for kind, values in zip(kinds, check.kinds, strict=True)
         for fit, measured in zip(
@@ -305,7 +320,8 @@ def derive_training(ctx: TrainingContext) -> TrainingRecipe:
             values,
             strict=True,
         )
-    ) and _close(outside_forward, batch, length, check.outside[0])
+    )
+    interpolates = interpolates and _close(outside_forward, batch, length, check.outside[0])
     return TrainingRecipe(
         seq=seq,
         interpolates=interpolates,
@@ -406,8 +422,7 @@ def derive_inference(ctx: InferenceContext) -> InferenceRecipe:
     chosen = _subset(layout)
     positions = _positions_of(layout, chosen)
     kept: list[Any] = []
-    prompt_sizes = _sizes(ctx.prompt)
-    context_sizes = _sizes(ctx.context) if ctx.context > ctx.prompt else []
+    generates = ctx.context > ctx.prompt
     with _fake_run(spec) as fake_mode:
         model = build_model(
             spec,
@@ -421,42 +436,53 @@ def derive_inference(ctx: InferenceContext) -> InferenceRecipe:
         model.eval()
         model.config.use_cache = True
         weights = _weights(model, kept[0], positions)
-        vocab = ctx.spec.vocab_size
-        prefill = [
-            _generate_step(torch, model, kept[0], fake_mode, positions, vocab, b, n, False) for b, n in prompt_sizes
-        ]
-        decode = [
-            _generate_step(torch, model, kept[0], fake_mode, positions, vocab, b, n, True) for b, n in context_sizes
-        ] or prefill
-    contexts = ctx.context if context_sizes else ctx.prompt
+
+        def prefill_run(batch: int, length: int) -> _InferenceSample:
+            return _generate_step(torch, model, kept[0], fake_mode, positions, spec.vocab_size, batch, length, False)
+
+        def decode_run(batch: int, length: int) -> _InferenceSample:
+            return _generate_step(torch, model, kept[0], fake_mode, positions, spec.vocab_size, batch, length, True)
+
+        prefill = [prefill_run(b, n) for b, n in _sizes(ctx.prompt)]
+        _measured(prefill_run, ctx.prompt, prefill, lambda: _phase_fits(prefill, ctx.prompt)[1])
+        decode = [decode_run(b, n) for b, n in _sizes(ctx.context)] if generates else prefill
+        if generates:
+            _measured(decode_run, ctx.context, decode, lambda: _phase_fits(decode, ctx.context)[1])
+    prefill_fits, prefill_holds = _phase_fits(prefill, ctx.prompt)
+    decode_fits, decode_holds = _phase_fits(decode, ctx.context if generates else ctx.prompt)
     kinds = tuple(
         InferenceKind(
-            prefill_cache=_fits(ctx.prompt, [s.kinds[k][0] for s in prefill]),
-            prefill_working=_fits(ctx.prompt, [s.kinds[k][1] for s in prefill]),
-            decode_cache=_fits(contexts, [s.kinds[k][0] for s in decode]),
-            decode_working=_fits(contexts, [s.kinds[k][1] for s in decode]),
+            prefill_cache=prefill_fits[k][0],
+            prefill_working=prefill_fits[k][1],
+            decode_cache=decode_fits[k][0],
+            decode_working=decode_fits[k][1],
             weight_bytes=weights.frozen[k],
         )
         for k in range(len(layout.kinds))
     )
-    head_prefill = _fits(ctx.prompt, [s.head for s in prefill])
-    head_decode = _fits(contexts, [s.head for s in decode])
-    checks = [(prefill[5], prompt_sizes[5], "prefill"), (decode[5], (context_sizes or prompt_sizes)[5], "decode")]
-    interpolates = all(
-        _close(getattr(kind, f"{name}_cache"), b, n, values[0])
-        and _close(getattr(kind, f"{name}_working"), b, n, values[1])
-        for sample, (b, n), name in checks
-        for kind, values in zip(kinds, sample.kinds, strict=True)
-    )
     return InferenceRecipe(
         prompt=ctx.prompt,
         context=ctx.context,
-        interpolates=interpolates,
+        interpolates=prefill_holds and decode_holds,
         kinds=kinds,
-        head_prefill=head_prefill,
-        head_decode=head_decode,
+        head_prefill=_fits(ctx.prompt, [s.head for s in prefill]),
+        head_decode=_fits(ctx.context if generates else ctx.prompt, [s.head for s in decode]),
         weight_outside_bytes=weights.frozen_outside,
     )
+
+
+def _phase_fits(samples: list[_InferenceSample], seq: int) -> tuple[list[tuple[Fit, Fit]], bool]:
+    """Per kind, (cache, working) fits through the samples, and whether the check held."""
+    fits = [
+        (_fits(seq, [s.kinds[k][0] for s in samples]), _fits(seq, [s.kinds[k][1] for s in samples]))
+        for k in range(len(samples[0].kinds))
+    ]
+    batch, length = check_size(seq)
+    holds = len(samples) == 6 and all(
+        _close(cache, batch, length, values[0]) and _close(working, batch, length, values[1])
+        for (cache, working), values in zip(fits, samples[5].kinds, strict=True)
+    )
+    return fits, holds
 
 
 def _generate_step(

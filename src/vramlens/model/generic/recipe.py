@@ -9,12 +9,13 @@ engine reads it in pure Python (:mod:`vramlens.estimate.recipe_route`).
 Every quantity is a :class:`Fit`: ``constant + shared_per_token x s + batch x
 (per_sequence + per_token x s + per_token2 x s^2)`` bytes, exact at the five sizes it was
 fitted on (batches of 2 and 3), two of which have the workload's own sequence length, and
-checked on a sixth size it was not fitted on. ``constant`` holds what grows with neither
+checked on a sixth size it was not fitted on (one sequence, a length in between). ``constant`` holds what grows with neither
 (autocast weight copies, tensors of parameter size), ``shared_per_token`` what one sequence
 length shares across the batch (rotary tables computed for ``[1, s]`` positions); the rest is
-per sequence. A batch of one sequence is measured on its own (``batch_one``): there the code
-may keep other tensors (a view of a fused projection is contiguous only for one sequence,
-so no copy is made and the whole fused output stays alive, GPT-NeoX).
+per sequence. When the check misses, one sequence of the workload's length is measured on its
+own (``batch_one``): there the code may keep other tensors (a view of a fused projection is
+contiguous only for one sequence, so no copy is made and the whole fused output stays
+alive, GPT-NeoX), and the recipe is used at its own length only.
 """
 
 from __future__ import annotations
@@ -76,9 +77,10 @@ def fit_sizes(seq: int) -> tuple[tuple[int, int], ...]:
 
 
 def check_size(seq: int) -> tuple[int, int]:
-    """The size a fit is checked on (not fitted on): batch 4 between the first and last length."""
+    """The size a fit is checked on (not fitted on): one sequence, between the shortest and the
+    longest length, so that the check tests the batch down to one and the length in between."""
     quarter = max(1, seq // 4)
-    return _HIGH + 1, max(1, (quarter + seq) // 2)
+    return 1, max(1, (quarter + seq) // 2)
 
 
 def solve_fit(seq: int, values: tuple[int, ...], *, batch_one: int | None = None) -> Fit:
