@@ -19,9 +19,9 @@ from its first layer in the cut model, which is never the last one kept (see :fu
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -47,6 +47,8 @@ from vramlens.simulate.build import SimulationError, build_model, real_code_path
 from vramlens.trace.timeline import CATEGORY_ORDER, Timeline
 
 __all__ = ["derive_inference", "derive_training"]
+
+R = TypeVar("R")
 
 _NOT_ACTIVATIONS = {
     CATEGORY_ORDER.index(c)
@@ -221,16 +223,26 @@ def _first_event(timeline: Timeline, regions: _Regions, region: int, stop: int) 
     return int(hits[0]) if len(hits) else stop
 
 
-@contextlib.contextmanager
-def _fake_run(spec: Any) -> Iterator[Any]:
-    """Fake tensors, the real code's CUDA paths and a time limit; a failure inside the model's
-    code becomes one line that names the model (the recipe cannot be traced, so no estimate)."""
+def _traced(spec: Any, attempt: Callable[[list[int], Any], R]) -> R:
+    """Run ``attempt`` on fake tensors, with the real code's CUDA paths and a time limit, on the
+    cut layer list (:func:`_subset`); if the model's code does not run on a cut list (a forward
+    that indexes per-layer config lists by position, Zamba), on every layer. A failure inside
+    the model's code becomes one line that names the model: no recipe, so no estimate."""
     require("transformers", purpose="tracing a layer recipe")
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    layout = spec.generic
+    cut, whole = _subset(layout), list(range(layout.num_layers))
     try:
         with real_code_paths(), deadline(DEFAULT_TIMEOUT_S):
-            yield FakeTensorMode(allow_non_fake_inputs=True)
+            try:
+                return attempt(cut, FakeTensorMode(allow_non_fake_inputs=True))
+            except VramlensError:
+                raise
+            except Exception:
+                if cut == whole:
+                    raise
+                return attempt(whole, FakeTensorMode(allow_non_fake_inputs=True))
     except VramlensError:
         raise
     except Exception as error:  # foreign model code
@@ -270,11 +282,11 @@ def derive_training(ctx: TrainingContext) -> TrainingRecipe:
     spec, workload = ctx.spec, ctx.workload
     layout = spec.generic
     assert layout is not None
-    chosen = _subset(layout)
-    positions = _positions_of(layout, chosen)
-    kept: list[Any] = []
     seq = workload.seq
-    with _fake_run(spec) as fake_mode:
+
+    def attempt(chosen: list[int], fake_mode: Any) -> TrainingRecipe:
+        positions = _positions_of(layout, chosen)
+        kept: list[Any] = []
         model = build_model(
             spec,
             workload,
@@ -293,7 +305,9 @@ def derive_training(ctx: TrainingContext) -> TrainingRecipe:
 
         samples = [run(batch, length) for batch, length in _sizes(seq)]
         _measured(run, seq, samples, lambda: _training_recipe(samples, seq, weights, notes).interpolates)
-    return _training_recipe(samples, seq, weights, notes)
+        return _training_recipe(samples, seq, weights, notes)
+
+    return _traced(spec, attempt)
 
 
 def _training_recipe(samples: list[_TrainingSample], seq: int, weights: _Weights, notes: list[str]) -> TrainingRecipe:
@@ -419,11 +433,11 @@ def derive_inference(ctx: InferenceContext) -> InferenceRecipe:
     spec = ctx.spec
     layout = spec.generic
     assert layout is not None
-    chosen = _subset(layout)
-    positions = _positions_of(layout, chosen)
-    kept: list[Any] = []
     generates = ctx.context > ctx.prompt
-    with _fake_run(spec) as fake_mode:
+
+    def attempt(chosen: list[int], fake_mode: Any) -> InferenceRecipe:
+        positions = _positions_of(layout, chosen)
+        kept: list[Any] = []
         model = build_model(
             spec,
             ctx.workload,
@@ -448,6 +462,16 @@ def derive_inference(ctx: InferenceContext) -> InferenceRecipe:
         decode = [decode_run(b, n) for b, n in _sizes(ctx.context)] if generates else prefill
         if generates:
             _measured(decode_run, ctx.context, decode, lambda: _phase_fits(decode, ctx.context)[1])
+        return _inference_recipe(ctx, prefill, decode, weights)
+
+    return _traced(spec, attempt)
+
+
+def _inference_recipe(
+    ctx: InferenceContext, prefill: list[_InferenceSample], decode: list[_InferenceSample], weights: _Weights
+) -> InferenceRecipe:
+    """The recipe through the prefill and decode samples (the same when nothing is generated)."""
+    generates = ctx.context > ctx.prompt
     prefill_fits, prefill_holds = _phase_fits(prefill, ctx.prompt)
     decode_fits, decode_holds = _phase_fits(decode, ctx.context if generates else ctx.prompt)
     kinds = tuple(
@@ -458,7 +482,7 @@ def derive_inference(ctx: InferenceContext) -> InferenceRecipe:
             decode_working=decode_fits[k][1],
             weight_bytes=weights.frozen[k],
         )
-        for k in range(len(layout.kinds))
+        for k in range(len(prefill_fits))
     )
     return InferenceRecipe(
         prompt=ctx.prompt,
