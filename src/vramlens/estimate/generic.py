@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 from typing import Any
 
 from vramlens.errors import InputError
@@ -42,6 +43,7 @@ __all__ = [
 ]
 
 _HEAD_NAMES = {"lm_head", "embed_out", "output"}
+_LOG = logging.getLogger(__name__)
 _FIRST_STAGE = (Component.EMBEDDING, Component.POSITION_EMBEDDING, Component.VISION, Component.PROJECTOR)
 
 
@@ -242,6 +244,11 @@ def _recipe(spec: ModelSpec, signature: dict[str, Any], lengths: dict[str, int],
     stored: dict[str, Any] = found if isinstance(found, dict) else {}
     recipe = _stored(stored.get(key)) or _interpolating(stored, signature, lengths)
     if recipe is None:
+        _LOG.info(
+            "tracing the layer recipe of %s from transformers' code for this setting (once; cached in %s)",
+            spec.name,
+            file.path.parent,
+        )
         tracer = importlib.import_module("vramlens.simulate.recipe")
         recipe = getattr(tracer, derive)(ctx)
         document = file.read() or document

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 from importlib.util import find_spec
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 __all__ = ["describe_config", "text_config"]
 
 _PURPOSE = "describing a model_type without a native vramlens family"
+_LOG = logging.getLogger(__name__)
 
 
 def text_config(data: dict[str, Any]) -> dict[str, Any]:
@@ -76,6 +78,7 @@ def _layout(data: dict[str, Any], model_type: str, source: str, dtype: str) -> G
     _check_known(model_type, source, data)
     from vramlens.model.generic.reader import read_layout
 
+    _LOG.info("reading %s (%s) from transformers' code on the meta device (once; cached)", source, model_type)
     try:
         layout = read_layout(data, model_type, dtype)
     except ConfigError as error:
