@@ -140,6 +140,7 @@ def test_a_recipe_that_holds_between_lengths_serves_shorter_sequences(monkeypatc
     import importlib
 
     from generic_configs import four_layer_config
+
     from vramlens.estimate import estimate
     from vramlens.model.families import parse_config
     from vramlens.simulate import simulate
