@@ -12,7 +12,7 @@ import pytest
 from vramlens.categories import Category
 from vramlens.report.forensics import find_leaks, lifetimes, live_allocations, module_breakdown, step_ends
 from vramlens.report.oom import explain_oom
-from vramlens.simulate.allocator import replay
+from vramlens.allocator import replay
 from vramlens.simulate.report import allocated_timeline
 from vramlens.trace.timeline import CATEGORY_ORDER, Timeline, TimelineBuilder
 

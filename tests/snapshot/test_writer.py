@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from vramlens.categories import Category
 from vramlens.errors import InputError
-from vramlens.simulate.allocator import replay, round_size
+from vramlens.allocator import replay, round_size
 from vramlens.snapshot.writer import ADDRESS_BASE, save_snapshot, timeline_to_snapshot
 from vramlens.trace.timeline import CATEGORY_ORDER, Timeline, TimelineBuilder
 

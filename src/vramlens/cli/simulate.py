@@ -22,7 +22,7 @@ def _allocator(conf: str | None, capacity: int | None) -> Any:
     if conf is None:
         return None
     from vramlens.errors import InputError
-    from vramlens.simulate.allocator import AllocatorSettings
+    from vramlens.allocator import AllocatorSettings
 
     try:
         return AllocatorSettings.from_conf(conf, capacity_bytes=capacity)

@@ -22,7 +22,7 @@ from vramlens.model.resolve import load_model
 from vramlens.model.spec import ModelSpec
 from vramlens.report.model import MemoryReport
 from vramlens.simulate._guard import DEFAULT_TIMEOUT_S, check_timeout
-from vramlens.simulate.allocator import AllocatorSettings
+from vramlens.allocator import AllocatorSettings
 from vramlens.simulate.build import SimulationError
 from vramlens.simulate.module import simulate_module
 from vramlens.workload.load import load_workload

@@ -16,7 +16,7 @@ from vramlens.hardware import GpuSpec
 from vramlens.model.spec import ModelSpec
 from vramlens.report.model import MemoryReport
 from vramlens.simulate._guard import DEFAULT_TIMEOUT_S, deadline, failure_message
-from vramlens.simulate.allocator import AllocatorSettings
+from vramlens.allocator import AllocatorSettings
 from vramlens.simulate.build import SimulationError, real_code_paths
 from vramlens.simulate.report import simulation_report
 from vramlens.workload.spec import Workload

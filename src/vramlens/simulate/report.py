@@ -6,7 +6,7 @@
   blocks (``kMinBlockSize``), plus the cuBLAS workspace the estimator also counts
   (a CUDA allocation a CPU run does not make), at the peak of the measured step.
 * ``reserved``: the same events replayed through the caching-allocator model
-  (:mod:`vramlens.simulate.allocator`): segments, block splitting, cached free blocks.
+  (:mod:`vramlens.allocator`): segments, block splitting, cached free blocks.
 * ``device``: reserved plus the CUDA runtime (context, NCCL), the estimator's constants.
 """
 
@@ -22,7 +22,7 @@ from vramlens.categories import Category
 from vramlens.estimate.runtime import CUBLAS_WORKSPACE_BYTES, runtime_memory
 from vramlens.hardware import GpuSpec
 from vramlens.report.model import MemoryReport, PhaseMemory
-from vramlens.simulate.allocator import K_MIN_BLOCK_SIZE, AllocatorSettings, replay
+from vramlens.allocator import K_MIN_BLOCK_SIZE, AllocatorSettings, replay
 from vramlens.trace.timeline import Timeline
 from vramlens.units import format_bytes
 from vramlens.workload.spec import Workload
