@@ -45,7 +45,6 @@ def test_every_training_framework_has_a_sourced_profile(framework: Framework) ->
     assert profile.name is framework
     assert note is None
     assert profile.source.strip() and profile.description.strip()
-    assert 0 < profile.fragmentation < 1
     assert profile.chunked_loss_chunks >= 1
 
 

@@ -11,8 +11,9 @@ A step is three instants on the busiest rank, each the sum of what is alive then
 * ``optimizer_step`` - weights, state, gradients and the step's temporaries.
 
 With ``optimizer_in_backward`` there is no separate step: each gradient is used
-and freed as soon as it exists. Reserved and device levels add allocator slack
-and the CUDA runtime (:mod:`vramlens.estimate.runtime`).
+and freed as soon as it exists. The reserved level adds the caching allocator's slack
+(:mod:`vramlens.estimate.reserved`), the device level the memory outside the allocator
+(:mod:`vramlens.estimate.runtime`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,10 @@ from vramlens.categories import Category
 from vramlens.estimate.context import TrainingContext, resolve_training
 from vramlens.estimate.layout import param_layout
 from vramlens.estimate.quantities import StageMemory, stage_memory
-from vramlens.estimate.runtime import CUBLAS_WORKSPACE_BYTES, runtime_memory
+from vramlens.estimate.reserved import TrainingSlack, allocator_settings, training_slack
+from vramlens.estimate.margins import runtime_spread, safe_levels
+from vramlens.estimate.runtime import CUBLAS_WORKSPACE_BYTES, communicators, runtime_parts
+from vramlens.units import format_bytes
 from vramlens.hardware import GpuSpec
 from vramlens.model.spec import ModelSpec
 from vramlens.report.model import MemoryReport, PhaseMemory
@@ -168,6 +172,15 @@ def training_phases(ctx: TrainingContext, mem: StageMemory) -> list[PhaseMemory]
     return phases
 
 
+def _reserved_note(slack: TrainingSlack, alloc_conf: str) -> str:
+    conf = f"PYTORCH_CUDA_ALLOC_CONF {alloc_conf!r}" if alloc_conf else "PyTorch's allocator defaults"
+    return (
+        f"reserved: allocator slack {format_bytes(slack.total_bytes)} under {conf} = the vocabulary-sized tensors "
+        f"replayed through the caching-allocator model ({format_bytes(slack.vocabulary_bytes)}) + the layers' "
+        f"churn x a fraction fitted to replays ({format_bytes(slack.layers_bytes)})"
+    )
+
+
 def estimate_training(spec: ModelSpec, workload: Workload, *, gpu: GpuSpec | None = None) -> MemoryReport:
     """Per-GPU memory of one training step of ``workload`` on ``spec`` (busiest rank),
     checked against ``gpu`` when one is given."""
@@ -183,11 +196,20 @@ def estimate_training(spec: ModelSpec, workload: Workload, *, gpu: GpuSpec | Non
     assert best is not None
     allocated, mem, phases = best
     peak_phase = max(phases, key=lambda phase: phase.allocated_bytes).name
-    runtime = runtime_memory(
-        allocated, fragmentation=ctx.profile.fragmentation, gpus=workload.parallel.gpus, paged_bytes=mem.paged_states
+    slack = training_slack(ctx, mem, layout.targets, allocator_settings(workload.alloc_conf))
+    runtime = runtime_parts(workload.parallel, paged_bytes=mem.paged_states)
+    reserved = allocated + slack.total_bytes
+    device = reserved + sum(runtime.values())
+    peak = max(phases, key=lambda phase: phase.allocated_bytes)
+    safe = safe_levels(
+        allocated=allocated,
+        reserved=reserved,
+        device=device,
+        breakdown=peak.breakdown,
+        allocator_spread=slack.spread_bytes,
+        runtime_spread=runtime_spread(runtime, len(communicators(workload.parallel))),
     )
-    reserved = allocated + runtime.allocator_slack
-    notes = [*ctx.assumptions, *dict.fromkeys(mem.notes)]
+    notes = [*ctx.assumptions, *dict.fromkeys(mem.notes), _reserved_note(slack, workload.alloc_conf)]
     if len(layout.stages) > 1:
         notes.append(f"pipeline parallel: reporting the {mem.stage.name}, the busier of the first and last stages")
     return MemoryReport(
@@ -198,8 +220,9 @@ def estimate_training(spec: ModelSpec, workload: Workload, *, gpu: GpuSpec | Non
         peak_phase=peak_phase,
         allocated_bytes=allocated,
         reserved_bytes=reserved,
-        device_bytes=reserved + runtime.runtime_bytes,
-        runtime=runtime.runtime,
+        device_bytes=device,
+        runtime=runtime,
+        safe=safe,
         terms=tuple(mem.terms),
         assumptions=tuple(notes),
         gpu=gpu.name if gpu else None,

@@ -48,7 +48,7 @@ def simulate(
 
     ``steps`` training steps run and the last is reported; ``capture_stacks`` records the
     Python stack of each allocation in the timeline; ``allocator`` sets the caching
-    allocator model (``PYTORCH_CUDA_ALLOC_CONF``; default: PyTorch's defaults and the
+    allocator model (default: the workload's ``alloc_conf`` and the
     GPU's capacity); ``timeout_s`` limits the wall time (None: no limit; the limit works
     in the main thread on POSIX). Keyword ``overrides`` take precedence over the workload's keys.
     """

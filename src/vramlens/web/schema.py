@@ -85,6 +85,7 @@ _TOP: Final[dict[str, dict[str, Any]]] = {
     "block_size": _int(1),
     "max_num_batched_tokens": _nullable(_TOKENS),
     "allow_long_context": _FLAG,
+    "alloc_conf": {"type": "string", "description": "PYTORCH_CUDA_ALLOC_CONF, e.g. 'expandable_segments:True'"},
 }
 _LORA: Final[dict[str, dict[str, Any]]] = {
     "rank": _int(1),

@@ -144,6 +144,22 @@ def _gpu(key: str, value: Any) -> str:
     return text
 
 
+def _alloc_conf(key: str, value: Any) -> str:
+    """A ``PYTORCH_CUDA_ALLOC_CONF`` string, parsed now as PyTorch parses it (kept as written)."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise InputError(f"{key}: must be a PYTORCH_CUDA_ALLOC_CONF string such as 'expandable_segments:True', got {value!r}")
+    from vramlens.allocator import AllocatorSettings
+
+    text = value.strip()
+    try:
+        AllocatorSettings.from_conf(text)
+    except ValueError as error:
+        raise InputError(f"{key}: {str(error).removeprefix('allocator config: ')}") from None
+    return text
+
+
 def _model(key: str, value: Any) -> Any:
     from vramlens.model.spec import ModelSpec
 
@@ -201,6 +217,7 @@ TOP_KEYS: Final[dict[str, Converter]] = {
     "block_size": _integer(1),
     "max_num_batched_tokens": _optional(_integer(1, tokens=True)),
     "allow_long_context": _flag,
+    "alloc_conf": _alloc_conf,
 }
 _NESTED: Final = {"lora": LORA_KEYS, "parallel": PARALLEL_KEYS}
 

@@ -212,6 +212,10 @@ class Workload:
     Added to the v1 contract by vramlens."""
     allow_long_context: bool = False
     """Allow ``seq``/``context`` beyond the model's max_position_embeddings (RoPE scaling set up by the user)."""
+    alloc_conf: str = ""
+    """``PYTORCH_CUDA_ALLOC_CONF`` of the run (e.g. ``expandable_segments:True,max_split_size_mb:512``);
+    empty: PyTorch's defaults. The reserved level replays the allocator under it. Checked by the
+    loader against the keys PyTorch accepts. Added to the v1 contract by vramlens."""
 
     def __post_init__(self) -> None:
         for name in ("batch", "seq", "grad_accum", "recompute_every", "prompt", "max_num_seqs", "block_size"):
@@ -226,6 +230,7 @@ class Workload:
             self.max_num_batched_tokens is None or self.max_num_batched_tokens >= 1,
             f"max_num_batched_tokens: must be an integer >= 1 (or null), got {self.max_num_batched_tokens}",
         )
+        _check(isinstance(self.alloc_conf, str), f"alloc_conf: must be a string, got {self.alloc_conf!r}")
         _check(
             0.0 < self.gpu_memory_utilization <= 1.0,
             f"gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization}",

@@ -1,0 +1,190 @@
+"""Reserved memory from the allocator: the step's requests and the caching-allocator model.
+
+``reserved - allocated`` at the peak (the allocator's slack) is memory the caching allocator
+holds in cached blocks that the next requests cannot use: a freed block smaller than the next
+request (the logits freed before a larger gradient), a vocabulary-sized block split by the next
+step's activations so that the same request needs a new segment, 20 MiB segments shared by
+1-10 MiB tensors. Two parts, each from :mod:`vramlens.allocator` (the model of PyTorch's
+``CUDACachingAllocator.cpp`` the simulator replays its recorded timelines through), under the
+workload's ``alloc_conf``:
+
+* the vocabulary-sized tensors (logits and loss, the head's weight copy, the embedding's and
+  head's gradients and state) written as requests in step order
+  (:mod:`vramlens.estimate.step_pattern` with no decoder layer) and **replayed**: a few dozen
+  requests, memoized;
+* the decoder layers' tensors, which repeat once per layer (a replay of every layer is thousands
+  of requests per estimate): a **closed form**, ``LAYER_SLACK_FRACTION`` of the memory they churn
+  in a step, the median of replays of the full per-layer pattern (``benchmarks/allocator_fit.py``);
+  the layers' gradients also reuse the vocabulary blocks left stranded, up to their bytes.
+
+:func:`replayed_slack` replays any pattern (every layer) and is the reference the closed form is
+checked against (``tests/estimate/test_reserved.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import lru_cache
+from typing import Final
+
+from vramlens.allocator import AllocatorSettings
+from vramlens.allocator.pattern import pattern_peaks
+from vramlens.estimate.context import TrainingContext
+from vramlens.estimate.frameworks import MixedStyle
+from vramlens.estimate.fsdp import casts_outputs
+from vramlens.estimate.loss_pattern import LossScript, loss_script
+from vramlens.estimate.quantities import StageMemory
+from vramlens.estimate.step_pattern import step_pattern
+from vramlens.estimate.step_shape import StepShape, step_shape
+from vramlens.workload.options import Framework, Recompute
+
+__all__ = [
+    "KV_GROWTH_FRACTION",
+    "allocator_settings",
+    "generation_slack",
+    "generation_spread",
+    "KV_GROWTH_SPREAD",
+    "LAYER_SLACK_FRACTION",
+    "LAYER_SLACK_SPREAD",
+    "TrainingSlack",
+    "layer_churn",
+    "replayed_slack",
+    "training_loss_script",
+    "training_slack",
+]
+
+#: Per-layer slack / churn by (expandable segments, recompute full or offload): medians of the
+#: replays of ``benchmarks/allocator_fit.py`` (360 sampled catalog workloads, one GPU, FSDP and
+#: ZeRO-2 on 8, seed 0; the interquartile range is wide, about 0.3x to 2.5x the median, and the
+#: safe figure carries it).
+LAYER_SLACK_FRACTION: Final = {
+    (False, False): 0.031,
+    (False, True): 0.118,
+    (True, False): 0.004,
+    (True, True): 0.028,
+}
+#: Upper quartile minus median of the same replays, by the same keys: the reserved margin
+#: (:mod:`vramlens.estimate.margins`, "modelled allocator").
+LAYER_SLACK_SPREAD: Final = {
+    (False, False): 0.050,
+    (False, True): 0.144,
+    (True, False): 0.008,
+    (True, True): 0.039,
+}
+#: Slack / final KV cache of transformers' DynamicCache decode (each step ``torch.cat`` makes
+#: every layer's keys and values one token longer), by expandable segments: medians of the
+#: decode replays of ``benchmarks/allocator_fit.py``.
+KV_GROWTH_FRACTION: Final = {False: 0.31, True: 0.057}
+#: Upper quartile minus median of the decode replays.
+KV_GROWTH_SPREAD: Final = {False: 0.13, True: 0.13}
+
+
+@lru_cache(maxsize=256)
+def allocator_settings(alloc_conf: str) -> AllocatorSettings:
+    """The allocator model's settings for a workload's ``alloc_conf`` (validated when it was loaded)."""
+    return AllocatorSettings.from_conf(alloc_conf)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class TrainingSlack:
+    """Allocator slack of a step (bytes) and where it comes from."""
+
+    vocabulary_bytes: int
+    """Replayed slack of the vocabulary-sized tensors, less what the layers' gradients reuse."""
+    layers_bytes: int
+    """Closed-form slack of the decoder layers' churn."""
+    spread_bytes: int
+    """How far above ``layers_bytes`` the replays' upper quartile goes (the reserved margin)."""
+
+    @property
+    def total_bytes(self) -> int:
+        return self.vocabulary_bytes + self.layers_bytes
+
+
+def training_loss_script(ctx: TrainingContext, mem: StageMemory) -> LossScript:
+    """The loss requests of the stage (none on a stage without the head)."""
+    if not mem.stage.last:
+        return LossScript(forward=(), backward=())
+    spec, tp = ctx.spec, ctx.workload.parallel.tp
+    fp32_outputs = ctx.workload.precision.mixed and ctx.profile.mixed is MixedStyle.AUTOCAST
+    fp32_outputs = fp32_outputs and not casts_outputs(ctx)
+    a = ctx.compute_bytes
+    kept = (4 if fp32_outputs else a) if ctx.profile.keeps_logits else 0
+    positions = ctx.profile.chunked_loss_positions
+    seq = ctx.workload.seq // ctx.workload.parallel.cp
+    chunks = ctx.profile.chunked_loss_chunks if positions is None else seq / min(seq, positions)
+    return loss_script(
+        ctx.loss,
+        tokens=ctx.tokens,
+        vocab=spec.vocab_size // tp,
+        hidden=spec.hidden_size,
+        logits_bytes=a,
+        kept_bytes=kept,
+        chunks=chunks,
+        compiled=ctx.compiled_loss,
+        loss_parallel=tp > 1 and ctx.profile.name is Framework.TORCHTITAN,
+        softcap=spec.final_logit_softcap is not None,
+    )
+
+
+def replayed_slack(
+    shape: StepShape, loss: LossScript, *, layers: int, micro_steps: int, settings: AllocatorSettings
+) -> int:
+    """Reserved minus allocated peak (bytes) of the step pattern of ``layers`` decoder layers."""
+    peaks = pattern_peaks(step_pattern(shape, loss, layers=layers, micro_steps=micro_steps), settings)
+    return peaks.slack_bytes
+
+
+@lru_cache(maxsize=4096)
+def _vocabulary_slack(shape: StepShape, loss: LossScript, micro_steps: int, settings: AllocatorSettings) -> int:
+    return max(0, replayed_slack(shape, loss, layers=0, micro_steps=micro_steps, settings=settings))
+
+
+def layer_churn(mem: StageMemory) -> int:
+    """Bytes of per-layer memory that a step frees and asks for again: saved activations, the
+    recomputed layer, working sets, autocast weight copies, gradients, step temporaries and the
+    unsharded parameters and gradients of sharded training (at their largest instant)."""
+    u = mem.unsharded
+    gathered = max(u.forward_layer, u.loss, u.backward_start, u.first_layers, u.last_layer, u.end)
+    return (
+        mem.activations + mem.recompute + mem.working + mem.forward_working + mem.casts + mem.grads + mem.step_temp
+        + gathered
+    )  # fmt: skip
+
+
+def _layer_gradients(shape: StepShape) -> int:
+    """Bytes of the decoder layers' gradients allocated during a backward (0 with an optimizer in backward)."""
+    if shape.in_backward:
+        return 0
+    per_period = sum(e for kind in shape.layer_trained for e in kind) * shape.grad_bytes // shape.grads_sharded
+    return per_period * shape.layers // len(shape.layer_trained)
+
+
+def training_slack(
+    ctx: TrainingContext, mem: StageMemory, targets: frozenset[str], settings: AllocatorSettings
+) -> TrainingSlack:
+    """Allocator slack of one stage's step (see the module docstring)."""
+    shape = step_shape(ctx, mem, targets)
+    edges = dataclasses.replace(shape, layer_params=(), layer_trained=((),), saved=((),), recomputed=(), casts=())
+    vocabulary = _vocabulary_slack(edges, training_loss_script(ctx, mem), min(ctx.workload.grad_accum, 2), settings)
+    recompute = ctx.workload.recompute in (Recompute.FULL, Recompute.OFFLOAD)
+    key = (settings.expandable_segments, recompute)
+    churn = layer_churn(mem)
+    return TrainingSlack(
+        vocabulary_bytes=max(0, vocabulary - _layer_gradients(shape)),
+        layers_bytes=int(LAYER_SLACK_FRACTION[key] * churn),
+        spread_bytes=int(LAYER_SLACK_SPREAD[key] * churn),
+    )
+
+
+def generation_spread(kv_bytes: int, settings: AllocatorSettings) -> int:
+    """The reserved margin of :func:`generation_slack` (``KV_GROWTH_SPREAD``)."""
+    return int(KV_GROWTH_SPREAD[settings.expandable_segments] * kv_bytes)
+
+
+def generation_slack(kv_bytes: int, settings: AllocatorSettings) -> int:
+    """Allocator slack (bytes) of transformers' ``generate()`` with a ``DynamicCache`` of
+    ``kv_bytes`` at the peak: each decode step concatenates every layer's keys and values into
+    tensors one token longer and frees the old ones, and the freed blocks are one token too short
+    for the next step's (``KV_GROWTH_FRACTION``, fitted to replays of that growth)."""
+    return int(KV_GROWTH_FRACTION[settings.expandable_segments] * kv_bytes)
