@@ -75,7 +75,10 @@ def score(task: str = "train", *, unit_margins: bool = False) -> list[Scored]:
         safe = _safe_value(report, mapped.level, value)
         if unit_margins and report.safe is not None:  # the two calibrated margins, at fraction 1
             found = {m.kind: m.bytes for m in report.safe.margins}
-            point = {**point, "_unit_margins": (found["framework rules"], found["data noise"])}
+            point = {
+                **point,
+                "_unit_margins": (found["framework rules"], found["data noise"], found["modelled allocator"]),
+            }
         results.append(Scored(point, value, measured, mapped.level, None, mapped.notes, safe))
     return results
 
@@ -146,42 +149,46 @@ def _print_levels(results: list[Scored]) -> None:
     print(f"{'all':10s} {len(results):3d} {'':6s} {'':7s} {'':7s} {'':8s} {total['safe_coverage']:7.1%} {total['median_margin']:7.1%}")
 
 
-def _with_fractions(results: list[Scored], rules: float, noise: float) -> list[Scored]:
-    """``results`` (scored with both calibrated fractions at 1) with the safe figures those
-    fractions give: the two allocated-level margins scale linearly, the others do not change."""
+def _with_fractions(results: list[Scored], rules: float, noise: float, allocator: float) -> list[Scored]:
+    """``results`` (scored with every calibrated factor at 1) with the safe figures those factors
+    give: each margin scales linearly; the device level's own margin does not change."""
     scaled = []
     for r in results:
         if r.safe is None or r.point.get("_unit_margins") is None:
             scaled.append(r)
             continue
-        unit_rules, unit_noise = r.point["_unit_margins"]
+        unit_rules, unit_noise, unit_allocator = r.point["_unit_margins"]
         safe = r.safe - unit_rules - unit_noise + int(rules * unit_rules) + int(noise * unit_noise)
+        if r.level != "allocated":
+            safe += int((allocator - 1) * unit_allocator)
         scaled.append(Scored(r.point, r.estimate, r.measured, r.level, r.reason, r.notes, safe))
     return scaled
 
 
-def calibrate() -> tuple[float, float, dict[str, float]]:
-    """The (RULES_FRACTION, NOISE_FRACTION), in whole percents up to 30%, with the smallest
-    median margin for which every level's safe figure covers at least 95% of its points."""
+def calibrate() -> tuple[float, float, float, dict[str, float]]:
+    """(RULES_FRACTION, NOISE_FRACTION in whole percents up to 30%, ALLOCATOR_SPREAD_SCALE from
+    1 to 8) with the smallest median margin for which every level's safe figure covers at least
+    95% of its points."""
     from vramlens.estimate import margins
 
-    kept = margins.RULES_FRACTION, margins.NOISE_FRACTION
-    margins.RULES_FRACTION, margins.NOISE_FRACTION = 1.0, 1.0  # type: ignore[misc]
+    kept = margins.RULES_FRACTION, margins.NOISE_FRACTION, margins.ALLOCATOR_SPREAD_SCALE
+    margins.RULES_FRACTION, margins.NOISE_FRACTION, margins.ALLOCATOR_SPREAD_SCALE = 1.0, 1.0, 1.0  # type: ignore[misc]
     try:
         results = score("train", unit_margins=True) + score("infer", unit_margins=True)
     finally:
-        margins.RULES_FRACTION, margins.NOISE_FRACTION = kept  # type: ignore[misc]
-    best: tuple[float, float, dict[str, float]] | None = None
-    for rules in range(31):
-        for noise in range(31):
-            trial = _with_fractions(results, rules / 100, noise / 100)
-            if all(safe_summary(group)["safe_coverage"] >= 0.95 for group in by_level(trial).values()):
-                total = safe_summary(trial)
-                if best is None or total["median_margin"] < best[2]["median_margin"]:
-                    best = (rules / 100, noise / 100, total)
-                break  # more noise only widens the margin
+        margins.RULES_FRACTION, margins.NOISE_FRACTION, margins.ALLOCATOR_SPREAD_SCALE = kept  # type: ignore[misc]
+    best: tuple[float, float, float, dict[str, float]] | None = None
+    for scale in (1, 1.5, 2, 3, 4, 6, 8):
+        for rules in range(31):
+            for noise in range(31):
+                trial = _with_fractions(results, rules / 100, noise / 100, scale)
+                if all(safe_summary(group)["safe_coverage"] >= 0.95 for group in by_level(trial).values()):
+                    total = safe_summary(trial)
+                    if best is None or total["median_margin"] < best[3]["median_margin"]:
+                        best = (rules / 100, noise / 100, scale, total)
+                    break  # more noise only widens the margin
     if best is None:
-        raise SystemExit("no pair of fractions up to 30% covers 95% of every level")
+        raise SystemExit("no factors cover 95% of every level")
     return best
 
 
@@ -240,10 +247,10 @@ def main() -> None:
     parser.add_argument("--calibrate", action="store_true")
     args = parser.parse_args()
     if args.calibrate:
-        rules, noise, total = calibrate()
+        rules, noise, scale, total = calibrate()
         print(
-            f"RULES_FRACTION = {rules:.2f}, NOISE_FRACTION = {noise:.2f}: safe figure covers "
-            f"{total['safe_coverage']:.1%} of all points, median margin {total['median_margin']:.1%}"
+            f"RULES_FRACTION = {rules:.2f}, NOISE_FRACTION = {noise:.2f}, ALLOCATOR_SPREAD_SCALE = {scale:g}: "
+            f"safe figure covers {total['safe_coverage']:.1%} of all points, median margin {total['median_margin']:.1%}"
         )
         return
     results = score("train") + score("infer") if args.task == "all" else score(args.task)

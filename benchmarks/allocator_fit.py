@@ -10,8 +10,9 @@ fraction of the memory they churn, and this script measures that fraction:
 * training: the per-layer part of the step pattern (``vramlens.estimate.step_pattern``, every
   layer, two steps, vocabulary tensors removed) replayed through ``vramlens.allocator`` for a
   seeded sample of catalog models x method x precision x recompute x sequence x batch x
-  optimizer implementation; fraction = slack / churn (``reserved.layer_churn``), median per
-  (expandable segments, recompute);
+  optimizer implementation x sharding; slack fitted as fractions of the three kinds of churn
+  (``reserved.layer_churn``) by non-negative least squares of relative errors, per (expandable
+  segments, parameters sharded), with the spread of the rest;
 * inference: transformers' ``DynamicCache`` growth (every decode step ``torch.cat`` makes each
   layer's keys and values one token longer, the old tensors freed after) replayed for a grid of
   layers x prompt x generated tokens x bytes per token x batch; fraction = slack / final cache.
@@ -25,6 +26,8 @@ import itertools
 import random
 import statistics
 from collections import defaultdict
+
+import numpy as np
 
 from vramlens.allocator import AllocatorSettings
 from vramlens.allocator.pattern import Pattern, pattern_peaks
@@ -46,17 +49,18 @@ SETTINGS = {False: AllocatorSettings(), True: AllocatorSettings(expandable_segme
 _NO_LOSS = LossScript(forward=(), backward=())
 
 
-def training_fractions(cases: int, seed: int) -> dict[tuple[bool, bool], list[float]]:
-    """Per-layer slack / churn of sampled training workloads, by (expandable, recompute)."""
+def training_fractions(cases: int, seed: int) -> dict[tuple[bool, bool], list[tuple[int, ...]]]:
+    """(slack, *churn) of the per-layer pattern of sampled training workloads, by (expandable,
+    parameters sharded); churn in the kinds of ``reserved.layer_churn``."""
     grid = list(
         itertools.product(
             MODELS, ("full", "lora"), ("bf16", "mixed-bf16", "fp32"), ("none", "full"), (512, 2048), (1, 4),
-            ("fused", "foreach"), ("none", "fsdp", "zero2"),
+            ("fused", "foreach"), ("none", "fsdp", "zero2", "ddp"),
         )
     )  # fmt: skip
-    found: dict[tuple[bool, bool], list[float]] = defaultdict(list)
+    found: dict[tuple[bool, bool], list[tuple[int, ...]]] = defaultdict(list)
     for model, method, precision, recompute, seq, batch, impl, shard in random.Random(seed).sample(grid, cases):
-        parallel = {"gpus": 8, "shard": shard} if shard != "none" else {}
+        parallel = {"gpus": 8, "shard": shard} if shard != "none" else {}  # ZeRO-2 and DDP: grads, not params
         workload = {"model": model, "method": method, "precision": precision, "recompute": recompute, "seq": seq,
                     "batch": batch, "optimizer_impl": impl, "parallel": parallel}  # fmt: skip
         try:
@@ -75,7 +79,7 @@ def training_fractions(cases: int, seed: int) -> dict[tuple[bool, bool], list[fl
         churn = layer_churn(mem)
         for expandable, settings in SETTINGS.items():
             slack = replayed_slack(layers_only, _NO_LOSS, layers=shape.layers, micro_steps=1, settings=settings)
-            found[(expandable, recompute != "none")].append(slack / churn)
+            found[(expandable, shard == "fsdp")].append((slack, *churn))
     return found
 
 
@@ -103,22 +107,48 @@ def kv_fractions() -> dict[bool, list[float]]:
     return found
 
 
+def fit_fractions(samples: list[tuple[int, ...]]) -> tuple[tuple[float, ...], float]:
+    """Non-negative least squares of slack on the churn kinds, each workload weighted by 1 / its
+    total churn (relative errors); returns the fractions and the upper quartile minus the median
+    of the residual over the total churn."""
+    rows = np.array([sample[1:] for sample in samples], dtype=float)
+    slack = np.array([sample[0] for sample in samples], dtype=float)
+    total = rows.sum(axis=1)
+    x, y = rows / total[:, None], slack / total
+    kinds = x.shape[1]
+    best, best_error = np.zeros(kinds), float(np.sum(y**2))
+    for size in range(1, kinds + 1):
+        for active in itertools.combinations(range(kinds), size):
+            coef = np.zeros(kinds)
+            coef[list(active)] = np.linalg.lstsq(x[:, list(active)], y, rcond=None)[0]
+            error = float(np.sum((x @ coef - y) ** 2))
+            if (coef >= 0).all() and error < best_error:
+                best, best_error = coef, error
+    relative = sorted(y - x @ best)
+    n = len(relative)
+    return tuple(float(c) for c in best), relative[3 * n // 4] - relative[n // 2]
+
+
 def _show(label: str, values: list[float]) -> None:
     values = sorted(values)
     n = len(values)
     print(
-        f"{label:40s} n={n:4d} median {statistics.median(values):.3f}  p25 {values[n // 4]:.3f}  "
-        f"p75 {values[3 * n // 4]:.3f}"
+        f"{label:58s} n={n:4d} median {statistics.median(values):.3f}  p25 {values[n // 4]:.3f}  "
+        f"p75 {values[3 * n // 4]:.3f}  p90 {values[min(n - 1, 9 * n // 10)]:.3f}"
     )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--cases", type=int, default=360)
+    parser.add_argument("--cases", type=int, default=480)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    for (expandable, recompute), values in sorted(training_fractions(args.cases, args.seed).items()):
-        _show(f"training expandable={expandable} recompute={recompute}", values)
+    for (expandable, sharded), samples in sorted(training_fractions(args.cases, args.seed).items()):
+        fractions, spread = fit_fractions(samples)
+        print(
+            f"training expandable={expandable!s:5} sharded={sharded!s:5} n={len(samples):3d} fractions "
+            f"(saved, backward, parameters) {tuple(round(f, 3) for f in fractions)}  spread {spread:.3f}"
+        )
     for expandable, values in sorted(kv_fractions().items()):
         _show(f"decode cache growth expandable={expandable}", values)
 

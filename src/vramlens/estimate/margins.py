@@ -30,11 +30,12 @@ from vramlens.categories import Category
 from vramlens.report.model import Margin, SafeLevels
 from vramlens.units import MiB
 
-__all__ = ["NOISE_FRACTION", "RULES_FRACTION", "RUNTIME_SPREAD", "runtime_spread", "safe_levels"]
+__all__ = ["ALLOCATOR_SPREAD_SCALE", "NOISE_FRACTION", "RULES_FRACTION", "RUNTIME_SPREAD", "runtime_spread", "safe_levels"]
 
 #: Calibrated (benchmarks/accuracy.py --calibrate, shared/validation public_scenarios.jsonl).
-RULES_FRACTION: Final = 0.04
-NOISE_FRACTION: Final = 0.09
+RULES_FRACTION: Final = 0.0
+NOISE_FRACTION: Final = 0.08
+ALLOCATOR_SPREAD_SCALE: Final = 6.0
 #: Largest cited value above the one used, per runtime part (bytes; estimate/runtime.py sources):
 #: the context up to eager loading's 667 MB (pytorch/pytorch#86509); a communicator up to the
 #: "about 1.6GB" of one all-reducing communicator (NVIDIA/nccl#864); vLLM's non-torch memory up
@@ -55,13 +56,16 @@ def safe_levels(
     breakdown: Mapping[Category, int],
     allocator_spread: int,
     runtime_spread: int,
+    pool_bytes: int = 0,
 ) -> SafeLevels:
     """The safe figure of each level: the point plus the margins of the terms it contains
     (a level contains the levels below it). ``allocator_spread`` and ``runtime_spread`` are the
     reserved and device margins in bytes (``TrainingSlack.spread_bytes`` or
-    :func:`vramlens.estimate.reserved.generation_spread`, and :func:`runtime_spread`)."""
+    :func:`vramlens.estimate.reserved.generation_spread`, and :func:`runtime_spread`).
+    ``pool_bytes``: a pre-allocated KV pool (vLLM), sized by the engine, which carries no noise."""
     rules = int(RULES_FRACTION * sum(breakdown.get(c, 0) for c in _RULES))
-    noise = int(NOISE_FRACTION * allocated)
+    allocator_spread = int(ALLOCATOR_SPREAD_SCALE * allocator_spread)
+    noise = int(NOISE_FRACTION * (allocated - pool_bytes))
     margins = (
         Margin(kind="framework rules", level="allocated", bytes=rules,
                source=f"{RULES_FRACTION:.0%} of activations, temporaries and inputs (calibrated, benchmarks/accuracy.py)"),

@@ -13,8 +13,9 @@ workload's ``alloc_conf``:
   (:mod:`vramlens.estimate.step_pattern` with no decoder layer) and **replayed**: a few dozen
   requests, memoized;
 * the decoder layers' tensors, which repeat once per layer (a replay of every layer is thousands
-  of requests per estimate): a **closed form**, ``LAYER_SLACK_FRACTION`` of the memory they churn
-  in a step, the median of replays of the full per-layer pattern (``benchmarks/allocator_fit.py``);
+  of requests per estimate): a **closed form**, ``LAYER_SLACK_FRACTION`` of the activation and of
+  the parameter-sized memory they churn in a step, fitted to replays of the full per-layer pattern
+  (``benchmarks/allocator_fit.py``);
   the layers' gradients also reuse the vocabulary blocks left stranded, up to their bytes.
 
 :func:`replayed_slack` replays any pattern (every layer) and is the reference the closed form is
@@ -36,7 +37,7 @@ from vramlens.estimate.loss_pattern import LossScript, loss_script
 from vramlens.estimate.quantities import StageMemory
 from vramlens.estimate.step_pattern import step_pattern
 from vramlens.estimate.step_shape import StepShape, step_shape
-from vramlens.workload.options import Framework, Recompute
+from vramlens.workload.options import Framework, Shard
 
 __all__ = [
     "KV_GROWTH_FRACTION",
@@ -53,23 +54,24 @@ __all__ = [
     "training_slack",
 ]
 
-#: Per-layer slack / churn by (expandable segments, recompute full or offload): medians of the
-#: replays of ``benchmarks/allocator_fit.py`` (360 sampled catalog workloads, one GPU, FSDP and
-#: ZeRO-2 on 8, seed 0; the interquartile range is wide, about 0.3x to 2.5x the median, and the
-#: safe figure carries it).
+#: Per-layer slack as fractions of the churning memory (saved activations, backward working set
+#: and recomputed layer, parameter-sized tensors: see :func:`layer_churn`), by (expandable
+#: segments, parameters sharded by FSDP/ZeRO-3): non-negative least squares over the replays of
+#: ``benchmarks/allocator_fit.py`` (480 sampled catalog workloads on one GPU and on 8 with DDP,
+#: ZeRO-2 or FSDP, with and without recompute; seed 0).
 LAYER_SLACK_FRACTION: Final = {
-    (False, False): 0.031,
-    (False, True): 0.118,
-    (True, False): 0.004,
-    (True, True): 0.028,
+    (False, False): (0.056, 0.788, 0.097),
+    (False, True): (0.020, 0.230, 0.056),
+    (True, False): (0.008, 0.234, 0.028),
+    (True, True): (0.004, 0.047, 0.018),
 }
-#: Upper quartile minus median of the same replays, by the same keys: the reserved margin
-#: (:mod:`vramlens.estimate.margins`, "modelled allocator").
+#: Upper quartile minus median of the replays' residual over the churn, by the same keys: the
+#: reserved margin (:mod:`vramlens.estimate.margins`, "modelled allocator").
 LAYER_SLACK_SPREAD: Final = {
-    (False, False): 0.050,
-    (False, True): 0.144,
-    (True, False): 0.008,
-    (True, True): 0.039,
+    (False, False): 0.078,
+    (False, True): 0.024,
+    (True, False): 0.014,
+    (True, True): 0.006,
 }
 #: Slack / final KV cache of transformers' DynamicCache decode (each step ``torch.cat`` makes
 #: every layer's keys and values one token longer), by expandable segments: medians of the
@@ -140,16 +142,19 @@ def _vocabulary_slack(shape: StepShape, loss: LossScript, micro_steps: int, sett
     return max(0, replayed_slack(shape, loss, layers=0, micro_steps=micro_steps, settings=settings))
 
 
-def layer_churn(mem: StageMemory) -> int:
-    """Bytes of per-layer memory that a step frees and asks for again: saved activations, the
-    recomputed layer, working sets, autocast weight copies, gradients, step temporaries and the
-    unsharded parameters and gradients of sharded training (at their largest instant)."""
+def layer_churn(mem: StageMemory) -> tuple[int, int, int]:
+    """Bytes of per-layer memory that a step frees and asks for again, in three kinds: saved
+    activations (and the forward's working set); what the backward makes and frees per layer
+    (a recomputed layer, the gradient working set); parameter-sized tensors (gradients, step
+    temporaries, autocast weight copies, and sharded training's unsharded parameters and
+    gradients at their largest)."""
     u = mem.unsharded
     gathered = max(u.forward_layer, u.loss, u.backward_start, u.first_layers, u.last_layer, u.end)
     return (
-        mem.activations + mem.recompute + mem.working + mem.forward_working + mem.casts + mem.grads + mem.step_temp
-        + gathered
-    )  # fmt: skip
+        mem.activations + mem.forward_working,
+        mem.recompute + mem.working,
+        mem.grads + mem.step_temp + mem.casts + gathered,
+    )
 
 
 def _layer_gradients(shape: StepShape) -> int:
@@ -167,13 +172,13 @@ def training_slack(
     shape = step_shape(ctx, mem, targets)
     edges = dataclasses.replace(shape, layer_params=(), layer_trained=((),), saved=((),), recomputed=(), casts=())
     vocabulary = _vocabulary_slack(edges, training_loss_script(ctx, mem), min(ctx.workload.grad_accum, 2), settings)
-    recompute = ctx.workload.recompute in (Recompute.FULL, Recompute.OFFLOAD)
-    key = (settings.expandable_segments, recompute)
+    sharded = ctx.workload.parallel.shard in (Shard.FSDP, Shard.HSDP, Shard.ZERO3)
+    key = (settings.expandable_segments, sharded)
     churn = layer_churn(mem)
     return TrainingSlack(
         vocabulary_bytes=max(0, vocabulary - _layer_gradients(shape)),
-        layers_bytes=int(LAYER_SLACK_FRACTION[key] * churn),
-        spread_bytes=int(LAYER_SLACK_SPREAD[key] * churn),
+        layers_bytes=int(sum(f * c for f, c in zip(LAYER_SLACK_FRACTION[key], churn, strict=True))),
+        spread_bytes=int(LAYER_SLACK_SPREAD[key] * sum(churn)),
     )
 
 

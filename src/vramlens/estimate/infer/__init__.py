@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from vramlens.categories import Category
 from vramlens.estimate.infer.context import InferenceContext, resolve_inference
 from vramlens.estimate.infer.phases import StagePlan, hf_plan, vllm_plan
@@ -28,8 +30,11 @@ def _levels(ctx: InferenceContext, plan: StagePlan) -> tuple[int, int, dict[str,
         spread = comms * RUNTIME_SPREAD["nccl_per_communicator"]
         safe = safe_levels(
             allocated=allocated, reserved=allocated, device=device, breakdown=peak.breakdown, allocator_spread=0,
-            runtime_spread=spread,
+            runtime_spread=spread, pool_bytes=peak.breakdown.get(Category.KV_CACHE, 0),
         )  # fmt: skip
+        if plan.serving.kv_pool_bytes is not None:
+            # vLLM sizes its pool to gpu_memory_utilization: margins shrink the pool, not the device level.
+            safe = replace(safe, allocated_bytes=allocated, reserved_bytes=allocated, device_bytes=device)
         return allocated, device, plan.runtime, safe
     # Weights are allocated once and never freed; the cache grows by a concatenation per layer and
     # step, which leaves freed blocks one token too short behind (reserved.generation_slack).
