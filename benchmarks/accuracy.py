@@ -75,9 +75,12 @@ def score(task: str = "train", *, unit_margins: bool = False) -> list[Scored]:
         safe = _safe_value(report, mapped.level, value)
         if unit_margins and report.safe is not None:  # the two calibrated margins, at fraction 1
             found = {m.kind: m.bytes for m in report.safe.margins}
+            sharded = getattr(report.workload, "parallel", None) is not None and report.workload.parallel.shard.value in (
+                "fsdp", "hsdp", "zero3"
+            )
             point = {
                 **point,
-                "_unit_margins": (found["framework rules"], found["data noise"], found["modelled allocator"]),
+                "_unit_margins": (found["framework rules"], found["data noise"], found["modelled allocator"], sharded),
             }
         results.append(Scored(point, value, measured, mapped.level, None, mapped.notes, safe))
     return results
@@ -149,7 +152,7 @@ def _print_levels(results: list[Scored]) -> None:
     print(f"{'all':10s} {len(results):3d} {'':6s} {'':7s} {'':7s} {'':8s} {total['safe_coverage']:7.1%} {total['median_margin']:7.1%}")
 
 
-def _with_fractions(results: list[Scored], rules: float, noise: float, allocator: float) -> list[Scored]:
+def _with_fractions(results: list[Scored], rules: float, noise: float, allocator: dict[bool, float]) -> list[Scored]:
     """``results`` (scored with every calibrated factor at 1) with the safe figures those factors
     give: each margin scales linearly; the device level's own margin does not change."""
     scaled = []
@@ -157,28 +160,30 @@ def _with_fractions(results: list[Scored], rules: float, noise: float, allocator
         if r.safe is None or r.point.get("_unit_margins") is None:
             scaled.append(r)
             continue
-        unit_rules, unit_noise, unit_allocator = r.point["_unit_margins"]
+        unit_rules, unit_noise, unit_allocator, sharded = r.point["_unit_margins"]
         safe = r.safe - unit_rules - unit_noise + int(rules * unit_rules) + int(noise * unit_noise)
         if r.level != "allocated":
-            safe += int((allocator - 1) * unit_allocator)
+            safe += int((allocator[sharded] - 1) * unit_allocator)
         scaled.append(Scored(r.point, r.estimate, r.measured, r.level, r.reason, r.notes, safe))
     return scaled
 
 
-def calibrate() -> tuple[float, float, float, dict[str, float]]:
+def calibrate() -> tuple[float, float, dict[bool, float], dict[str, float]]:
     """(RULES_FRACTION, NOISE_FRACTION in whole percents up to 30%, ALLOCATOR_SPREAD_SCALE from
-    1 to 8) with the smallest median margin for which every level's safe figure covers at least
-    95% of its points."""
+    1 to 8 for unsharded and sharded runs) with the smallest median margin for which every
+    level's safe figure covers at least 95% of its points."""
     from vramlens.estimate import margins
 
     kept = margins.RULES_FRACTION, margins.NOISE_FRACTION, margins.ALLOCATOR_SPREAD_SCALE
-    margins.RULES_FRACTION, margins.NOISE_FRACTION, margins.ALLOCATOR_SPREAD_SCALE = 1.0, 1.0, 1.0  # type: ignore[misc]
+    margins.RULES_FRACTION, margins.NOISE_FRACTION = 1.0, 1.0  # type: ignore[misc]
+    margins.ALLOCATOR_SPREAD_SCALE = {False: 1.0, True: 1.0}  # type: ignore[misc]
     try:
         results = score("train", unit_margins=True) + score("infer", unit_margins=True)
     finally:
         margins.RULES_FRACTION, margins.NOISE_FRACTION, margins.ALLOCATOR_SPREAD_SCALE = kept  # type: ignore[misc]
-    best: tuple[float, float, float, dict[str, float]] | None = None
-    for scale in (1, 1.5, 2, 3, 4, 6, 8):
+    best: tuple[float, float, dict[bool, float], dict[str, float]] | None = None
+    steps = (1, 1.5, 2, 3, 4, 6, 8)
+    for scale in ({False: a, True: b} for a in steps for b in steps):
         for rules in range(31):
             for noise in range(31):
                 trial = _with_fractions(results, rules / 100, noise / 100, scale)
@@ -249,7 +254,7 @@ def main() -> None:
     if args.calibrate:
         rules, noise, scale, total = calibrate()
         print(
-            f"RULES_FRACTION = {rules:.2f}, NOISE_FRACTION = {noise:.2f}, ALLOCATOR_SPREAD_SCALE = {scale:g}: "
+            f"RULES_FRACTION = {rules:.2f}, NOISE_FRACTION = {noise:.2f}, ALLOCATOR_SPREAD_SCALE = {scale}: "
             f"safe figure covers {total['safe_coverage']:.1%} of all points, median margin {total['median_margin']:.1%}"
         )
         return

@@ -35,7 +35,10 @@ __all__ = ["ALLOCATOR_SPREAD_SCALE", "NOISE_FRACTION", "RULES_FRACTION", "RUNTIM
 #: Calibrated (benchmarks/accuracy.py --calibrate, shared/validation public_scenarios.jsonl).
 RULES_FRACTION: Final = 0.0
 NOISE_FRACTION: Final = 0.08
-ALLOCATOR_SPREAD_SCALE: Final = 6.0
+#: Calibrated multiple of the replays' spread, by parameters sharded (FSDP/ZeRO-3): published
+#: reserved figures of sharded runs hold more than the model replays (communication streams keep
+#: their own cached blocks; variable shapes), so their spread is widened more.
+ALLOCATOR_SPREAD_SCALE: Final = {False: 2.0, True: 6.0}
 #: Largest cited value above the one used, per runtime part (bytes; estimate/runtime.py sources):
 #: the context up to eager loading's 667 MB (pytorch/pytorch#86509); a communicator up to the
 #: "about 1.6GB" of one all-reducing communicator (NVIDIA/nccl#864); vLLM's non-torch memory up
@@ -57,14 +60,16 @@ def safe_levels(
     allocator_spread: int,
     runtime_spread: int,
     pool_bytes: int = 0,
+    sharded: bool = False,
 ) -> SafeLevels:
     """The safe figure of each level: the point plus the margins of the terms it contains
     (a level contains the levels below it). ``allocator_spread`` and ``runtime_spread`` are the
     reserved and device margins in bytes (``TrainingSlack.spread_bytes`` or
     :func:`vramlens.estimate.reserved.generation_spread`, and :func:`runtime_spread`).
-    ``pool_bytes``: a pre-allocated KV pool (vLLM), sized by the engine, which carries no noise."""
+    ``pool_bytes``: a pre-allocated KV pool (vLLM), sized by the engine, which carries no noise;
+    ``sharded``: parameters sharded by FSDP/ZeRO-3 (``ALLOCATOR_SPREAD_SCALE``)."""
     rules = int(RULES_FRACTION * sum(breakdown.get(c, 0) for c in _RULES))
-    allocator_spread = int(ALLOCATOR_SPREAD_SCALE * allocator_spread)
+    allocator_spread = int(ALLOCATOR_SPREAD_SCALE[sharded] * allocator_spread)
     noise = int(NOISE_FRACTION * (allocated - pool_bytes))
     margins = (
         Margin(kind="framework rules", level="allocated", bytes=rules,
@@ -72,7 +77,8 @@ def safe_levels(
         Margin(kind="data noise", level="allocated", bytes=noise,
                source=f"{NOISE_FRACTION:.0%} of allocated (calibrated, benchmarks/accuracy.py)"),
         Margin(kind="modelled allocator", level="reserved", bytes=allocator_spread,
-               source="upper quartile of replayed slack above its median (benchmarks/allocator_fit.py)"),
+               source=f"{ALLOCATOR_SPREAD_SCALE[sharded]:g} x the replays' upper quartile above the fitted slack "
+                      "(benchmarks/allocator_fit.py; multiple calibrated, benchmarks/accuracy.py)"),
         Margin(kind="measured constants", level="device", bytes=runtime_spread,
                source="largest cited value of each runtime part above the one used (estimate/runtime.py)"),
     )  # fmt: skip

@@ -173,11 +173,10 @@ def training_phases(ctx: TrainingContext, mem: StageMemory) -> list[PhaseMemory]
 
 
 def _reserved_note(slack: TrainingSlack, alloc_conf: str) -> str:
-    conf = f"PYTORCH_CUDA_ALLOC_CONF {alloc_conf!r}" if alloc_conf else "PyTorch's allocator defaults"
+    conf = f" under {alloc_conf}" if alloc_conf else ""
     return (
-        f"reserved: allocator slack {format_bytes(slack.total_bytes)} under {conf} = the vocabulary-sized tensors "
-        f"replayed through the caching-allocator model ({format_bytes(slack.vocabulary_bytes)}) + the layers' "
-        f"churn x a fraction fitted to replays ({format_bytes(slack.layers_bytes)})"
+        f"reserved: slack {format_bytes(slack.total_bytes)}{conf} = replayed vocabulary tensors "
+        f"{format_bytes(slack.vocabulary_bytes)} + layer churn x fitted fractions {format_bytes(slack.layers_bytes)}"
     )
 
 
@@ -208,6 +207,7 @@ def estimate_training(spec: ModelSpec, workload: Workload, *, gpu: GpuSpec | Non
         breakdown=peak.breakdown,
         allocator_spread=slack.spread_bytes,
         runtime_spread=runtime_spread(runtime, len(communicators(workload.parallel))),
+        sharded=workload.parallel.shard in (Shard.FSDP, Shard.HSDP, Shard.ZERO3),
     )
     notes = [*ctx.assumptions, *dict.fromkeys(mem.notes), _reserved_note(slack, workload.alloc_conf)]
     if len(layout.stages) > 1:
