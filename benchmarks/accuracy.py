@@ -75,9 +75,9 @@ def score(task: str = "train", *, unit_margins: bool = False) -> list[Scored]:
         safe = _safe_value(report, mapped.level, value)
         if unit_margins and report.safe is not None:  # the two calibrated margins, at fraction 1
             found = {m.kind: m.bytes for m in report.safe.margins}
-            sharded = getattr(report.workload, "parallel", None) is not None and report.workload.parallel.shard.value in (
-                "fsdp", "hsdp", "zero3"
-            )
+            sharded = getattr(
+                report.workload, "parallel", None
+            ) is not None and report.workload.parallel.shard.value in ("fsdp", "hsdp", "zero3")
             point = {
                 **point,
                 "_unit_margins": (found["framework rules"], found["data noise"], found["modelled allocator"], sharded),
@@ -138,7 +138,9 @@ def by_level(results: list[Scored]) -> dict[str, list[Scored]]:
 
 
 def _print_levels(results: list[Scored]) -> None:
-    print(f"\n{'level':10s} {'n':>3s} {'cover':>6s} {'median':>7s} {'p90':>7s} {'under10':>8s} {'safe>=':>7s} {'margin':>7s}")
+    print(
+        f"\n{'level':10s} {'n':>3s} {'cover':>6s} {'median':>7s} {'p90':>7s} {'under10':>8s} {'safe>=':>7s} {'margin':>7s}"
+    )
     for level in ("allocated", "reserved", "device"):
         group = by_level(results).get(level, [])
         if not group:
@@ -149,7 +151,9 @@ def _print_levels(results: list[Scored]) -> None:
             f"{stats['under_10pct']:8.1%} {safe['safe_coverage']:7.1%} {safe['median_margin']:7.1%}"
         )
     total = safe_summary(results)
-    print(f"{'all':10s} {len(results):3d} {'':6s} {'':7s} {'':7s} {'':8s} {total['safe_coverage']:7.1%} {total['median_margin']:7.1%}")
+    print(
+        f"{'all':10s} {len(results):3d} {'':6s} {'':7s} {'':7s} {'':8s} {total['safe_coverage']:7.1%} {total['median_margin']:7.1%}"
+    )
 
 
 def _with_fractions(results: list[Scored], rules: float, noise: float, allocator: dict[bool, float]) -> list[Scored]:

@@ -189,8 +189,15 @@ def _start_simulations(out: Path, workers: int) -> list[tuple[subprocess.Popen[b
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     shares = [list(BATTERY[i::workers]) for i in range(workers)]
     return [
-        (subprocess.Popen([sys.executable, __file__, "--simulate", json.dumps(share), "--out", str(out)], env=env,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), share)  # fmt: skip
+        (
+            subprocess.Popen(
+                [sys.executable, __file__, "--simulate", json.dumps(share), "--out", str(out)],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            ),
+            share,
+        )
         for share in shares
         if share
     ]

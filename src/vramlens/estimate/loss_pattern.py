@@ -129,7 +129,7 @@ def _vocab_parallel(t: int, v: int, a: int, kept: int) -> LossScript:
     fp32 tensor kept; a zeroed gradient, the exponential, their sum and the product in backward."""
     n = 4 * v * t
     forward: list[Step] = [("+", "logits", a * v * t), ("+", "upcast", n), ("+", "shifted", n), ("+", "exp", n)]
-    forward += [("-", "upcast", 0), ("-", "shifted", 0)] + _kept(t, v, a, kept)
+    forward += [("-", "upcast", 0), ("-", "shifted", 0), *_kept(t, v, a, kept)]
     backward: list[Step] = [("+", "zero", n), ("+", "sum", n), ("+", "dfp32", n), ("-", "zero", 0), ("-", "sum", 0)]
     backward += [("-", "exp", 0), ("+", "dlogits", a * v * t), ("-", "dfp32", 0)]
     return LossScript(forward=tuple(forward), backward=tuple(backward))
@@ -140,4 +140,4 @@ def _fused_linear(t: int, h: int, a: int) -> LossScript:
     gradient, computed in the forward and kept."""
     forward: list[Step] = [("+", "dinput", a * h * t), ("+", "chunk", 8 * h * t), ("-", "chunk", 0)]
     backward: list[Step] = [("+", "dlogits", 0)]
-    return LossScript(forward=tuple(forward), backward=tuple(backward + [("-", "dinput", 0)]))
+    return LossScript(forward=tuple(forward), backward=tuple([*backward, ("-", "dinput", 0)]))

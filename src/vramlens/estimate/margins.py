@@ -30,7 +30,14 @@ from vramlens.categories import Category
 from vramlens.report.model import Margin, SafeLevels
 from vramlens.units import MiB
 
-__all__ = ["ALLOCATOR_SPREAD_SCALE", "NOISE_FRACTION", "RULES_FRACTION", "RUNTIME_SPREAD", "runtime_spread", "safe_levels"]
+__all__ = [
+    "ALLOCATOR_SPREAD_SCALE",
+    "NOISE_FRACTION",
+    "RULES_FRACTION",
+    "RUNTIME_SPREAD",
+    "runtime_spread",
+    "safe_levels",
+]
 
 #: Calibrated (benchmarks/accuracy.py --calibrate, shared/validation public_scenarios.jsonl).
 RULES_FRACTION: Final = 0.0

@@ -26,10 +26,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from vramlens.allocator import ReplayResult, round_size, segment_size
 from vramlens.categories import Category
 from vramlens.errors import InputError
 from vramlens.report.forensics import Lifetimes, LiveAllocation, live_allocations
-from vramlens.allocator import ReplayResult, round_size, segment_size
 from vramlens.trace.timeline import CATEGORY_ORDER, Timeline
 from vramlens.units import format_bytes
 

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from vramlens.allocator import ReplayResult, replay
 from vramlens.categories import Category
 from vramlens.errors import InputError
 from vramlens.report.forensics import (
@@ -40,7 +41,6 @@ from vramlens.report.forensics import (
 from vramlens.report.model import MemoryReport, PhaseMemory
 from vramlens.report.oom import OomForensics, explain_oom
 from vramlens.report.sources import Source, SourceFormat
-from vramlens.allocator import ReplayResult, replay
 from vramlens.simulate.report import allocated_timeline
 from vramlens.trace.timeline import CATEGORY_ORDER, Timeline
 from vramlens.units import format_bytes

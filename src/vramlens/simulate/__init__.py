@@ -16,13 +16,13 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from vramlens.allocator import AllocatorSettings
 from vramlens.errors import InputError
 from vramlens.hardware import GpuSpec, resolve_gpu
 from vramlens.model.resolve import load_model
 from vramlens.model.spec import ModelSpec
 from vramlens.report.model import MemoryReport
 from vramlens.simulate._guard import DEFAULT_TIMEOUT_S, check_timeout
-from vramlens.allocator import AllocatorSettings
 from vramlens.simulate.build import SimulationError
 from vramlens.simulate.module import simulate_module
 from vramlens.workload.load import load_workload

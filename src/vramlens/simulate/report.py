@@ -18,11 +18,11 @@ from typing import Any
 
 import numpy as np
 
+from vramlens.allocator import K_MIN_BLOCK_SIZE, AllocatorSettings, replay
 from vramlens.categories import Category
 from vramlens.estimate.runtime import CUBLAS_WORKSPACE_BYTES, runtime_parts
 from vramlens.hardware import GpuSpec
 from vramlens.report.model import MemoryReport, PhaseMemory
-from vramlens.allocator import K_MIN_BLOCK_SIZE, AllocatorSettings, replay
 from vramlens.trace.timeline import Timeline
 from vramlens.units import format_bytes
 from vramlens.workload.spec import Parallelism, Workload

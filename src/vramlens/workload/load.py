@@ -149,7 +149,9 @@ def _alloc_conf(key: str, value: Any) -> str:
     if value is None:
         return ""
     if not isinstance(value, str):
-        raise InputError(f"{key}: must be a PYTORCH_CUDA_ALLOC_CONF string such as 'expandable_segments:True', got {value!r}")
+        raise InputError(
+            f"{key}: must be a PYTORCH_CUDA_ALLOC_CONF string such as 'expandable_segments:True', got {value!r}"
+        )
     from vramlens.allocator import AllocatorSettings
 
     text = value.strip()
