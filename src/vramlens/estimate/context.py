@@ -13,6 +13,7 @@ from vramlens.estimate._memo import memo
 from vramlens.estimate.frameworks import FrameworkProfile, MixedStyle, profile_for
 from vramlens.estimate.hf_attention import hf_attention_kernel
 from vramlens.estimate.qlora import kbit_notes, prepared_compute_bytes
+from vramlens.estimate.versions import older_than, rule_note
 from vramlens.model.spec import ModelSpec
 from vramlens.workload.options import (
     AttentionImpl,
@@ -102,6 +103,10 @@ def _attention(workload: Workload, profile: FrameworkProfile, model_type: str, n
     if resolved is AttentionImpl.AUTO:
         resolved = profile.attention
     note = ""
+    old_default = workload.attention is AttentionImpl.AUTO and older_than(workload.versions, "sdpa_default")
+    if profile.name is Framework.HF and old_default:
+        notes.append(rule_note(workload.versions, "sdpa_default"))
+        return AttentionImpl.EAGER
     if profile.name is Framework.HF:
         resolved, note = hf_attention_kernel(workload.attention, resolved, model_type)
     if note:
@@ -174,7 +179,7 @@ def _resolved_settings(spec: ModelSpec, workload: Workload) -> dict[str, object]
     key = (
         "training-settings", workload.framework, workload.precision, sharded, workload.method, workload.quant,
         workload.optimizer_in_backward, workload.compile, workload.attention, workload.loss, workload.optimizer_impl,
-        workload.float8, workload.packing,
+        workload.float8, workload.packing, workload.versions,
     )  # fmt: skip
     return memo(spec, key, lambda: _settings(workload, spec.model_type))
 

@@ -31,10 +31,8 @@ from typing import Final
 from vramlens.allocator import AllocatorSettings
 from vramlens.allocator.pattern import pattern_peaks
 from vramlens.estimate.context import TrainingContext
-from vramlens.estimate.frameworks import MixedStyle
-from vramlens.estimate.fsdp import casts_outputs
 from vramlens.estimate.loss_pattern import LossScript, loss_script
-from vramlens.estimate.quantities import StageMemory
+from vramlens.estimate.quantities import StageMemory, fp32_model_outputs
 from vramlens.estimate.step_pattern import step_pattern
 from vramlens.estimate.step_shape import StepShape, step_shape
 from vramlens.workload.options import Framework, Shard
@@ -108,10 +106,8 @@ def training_loss_script(ctx: TrainingContext, mem: StageMemory) -> LossScript:
     if not mem.stage.last:
         return LossScript(forward=(), backward=())
     spec, tp = ctx.spec, ctx.workload.parallel.tp
-    fp32_outputs = ctx.workload.precision.mixed and ctx.profile.mixed is MixedStyle.AUTOCAST
-    fp32_outputs = fp32_outputs and not casts_outputs(ctx)
     a = ctx.compute_bytes
-    kept = (4 if fp32_outputs else a) if ctx.profile.keeps_logits else 0
+    kept = (4 if fp32_model_outputs(ctx) else a) if ctx.profile.keeps_logits else 0
     positions = ctx.profile.chunked_loss_positions
     seq = ctx.workload.seq // ctx.workload.parallel.cp
     chunks = ctx.profile.chunked_loss_chunks if positions is None else seq / min(seq, positions)

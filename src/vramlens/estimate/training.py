@@ -27,6 +27,7 @@ from vramlens.estimate.margins import runtime_spread, safe_levels
 from vramlens.estimate.quantities import StageMemory, stage_memory
 from vramlens.estimate.reserved import TrainingSlack, allocator_settings, training_slack
 from vramlens.estimate.runtime import CUBLAS_WORKSPACE_BYTES, communicators, runtime_parts
+from vramlens.estimate.versions import older_than, rule_note
 from vramlens.hardware import GpuSpec
 from vramlens.model.spec import ModelSpec
 from vramlens.report.model import MemoryReport, PhaseMemory, SafeLevels
@@ -187,7 +188,8 @@ def _levels(ctx: TrainingContext, mem: StageMemory, peak: PhaseMemory, targets: 
     """Reserved (allocator slack), device (runtime parts) and the safe figures above the allocated peak."""
     workload = ctx.workload
     slack = training_slack(ctx, mem, targets, allocator_settings(workload.alloc_conf))
-    runtime = runtime_parts(workload.parallel, paged_bytes=mem.paged_states)
+    eager = older_than(workload.versions, "lazy_module_loading")
+    runtime = runtime_parts(workload.parallel, paged_bytes=mem.paged_states, eager_modules=eager)
     reserved = peak.allocated_bytes + slack.total_bytes
     device = reserved + sum(runtime.values())
     safe = safe_levels(
@@ -199,9 +201,10 @@ def _levels(ctx: TrainingContext, mem: StageMemory, peak: PhaseMemory, targets: 
         runtime_spread=runtime_spread(runtime, len(communicators(workload.parallel))),
         sharded=workload.parallel.shard in (Shard.FSDP, Shard.HSDP, Shard.ZERO3),
     )
-    return _Levels(
-        reserved=reserved, device=device, runtime=runtime, safe=safe, note=_reserved_note(slack, workload.alloc_conf)
-    )
+    note = _reserved_note(slack, workload.alloc_conf)
+    if eager:
+        note += f"; {rule_note(workload.versions, 'lazy_module_loading')}"
+    return _Levels(reserved=reserved, device=device, runtime=runtime, safe=safe, note=note)
 
 
 def _reserved_note(slack: TrainingSlack, alloc_conf: str) -> str:

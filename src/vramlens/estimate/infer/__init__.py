@@ -11,6 +11,7 @@ from vramlens.estimate.infer.weights import stage_weights
 from vramlens.estimate.margins import RUNTIME_SPREAD, runtime_spread, safe_levels
 from vramlens.estimate.reserved import allocator_settings, generation_slack, generation_spread
 from vramlens.estimate.runtime import communicators, runtime_parts
+from vramlens.estimate.versions import older_than
 from vramlens.hardware import GpuSpec
 from vramlens.model.spec import ModelSpec
 from vramlens.report.model import MemoryReport, SafeLevels, Term
@@ -41,7 +42,9 @@ def _levels(ctx: InferenceContext, plan: StagePlan) -> tuple[int, int, dict[str,
     kv = peak.breakdown.get(Category.KV_CACHE, 0)
     settings = allocator_settings(ctx.workload.alloc_conf)
     reserved = allocated + generation_slack(kv, settings)
-    runtime = runtime_parts(ctx.workload.parallel)
+    runtime = runtime_parts(
+        ctx.workload.parallel, eager_modules=older_than(ctx.workload.versions, "lazy_module_loading")
+    )
     device = reserved + sum(runtime.values())
     safe = safe_levels(
         allocated=allocated, reserved=reserved, device=device, breakdown=peak.breakdown,
