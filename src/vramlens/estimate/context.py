@@ -70,9 +70,11 @@ class TrainingContext:
 
     @property
     def in_backward_step(self) -> bool:
-        """Gradients are stepped and freed one by one during backward. Not under
-        torch.compile: the compiled backward returns every gradient at once."""
-        return self.workload.optimizer_in_backward and not self.workload.compile
+        """Gradients are stepped and freed one by one during backward. Not under a whole-model
+        torch.compile, whose compiled backward returns every gradient at once; a framework that
+        compiles each layer on its own (torchtune) still frees them layer by layer."""
+        whole_model_compile = self.workload.compile and not self.profile.compiles_per_layer
+        return self.workload.optimizer_in_backward and not whole_model_compile
 
     @property
     def full(self) -> bool:
@@ -194,9 +196,14 @@ def _settings(workload: Workload, model_type: str) -> dict[str, object]:
     )
     if workload.precision.mixed:
         notes.append(f"precision {workload.precision}: {profile.mixed} ({profile.name})")
-    if workload.optimizer_in_backward and workload.compile:
+    if workload.optimizer_in_backward and workload.compile and not profile.compiles_per_layer:
         notes.append(
             "optimizer_in_backward under compile: the compiled backward returns all gradients at once, so they are not freed early"
+        )
+    elif workload.optimizer_in_backward and workload.compile:
+        notes.append(
+            f"optimizer_in_backward under compile: {profile.name} compiles each layer on its own, so gradients are "
+            "still stepped and freed layer by layer"
         )
     if workload.float8:
         notes.append(

@@ -80,6 +80,11 @@ class FrameworkProfile:
     loss_in_model: bool = False
     """The loss runs inside the model's forward (HF: labels passed to the model), so FSDP2's root
     post-forward, which frees the last all-gather buffer, comes after it."""
+    compiles_per_layer: bool = False
+    """``compile: true`` compiles each decoder layer on its own (torchtune ``training.compile_model``:
+    ``layer.compile()`` per transformer layer), so the backward still runs layer by layer and an
+    optimizer in backward frees each layer's gradients as they come; a whole-model compile returns
+    every gradient at once."""
     kbit_prepare: bool = False
     """QLoRA on a bitsandbytes 4-bit base runs ``peft.prepare_model_for_kbit_training``, which
     casts every fp16/bf16 weight that is not 4-bit (embeddings, norms, LM head, biases) to fp32
@@ -140,7 +145,9 @@ FRAMEWORKS: dict[Framework, FrameworkProfile] = {
         compiles_loss=True,
         keeps_logits=False,
         adapters_fp32=False,
-        source="torchtune CEWithChunkedOutputLoss(num_output_chunks=8); RMSNorm computes in fp32; recipes' AdamW fused=True",
+        compiles_per_layer=True,
+        source="torchtune CEWithChunkedOutputLoss(num_output_chunks=8); RMSNorm computes in fp32; recipes' AdamW fused=True; "
+        "training.compile_model compiles each transformer layer separately (torchtune/training/_compile.py)",
     ),
     Framework.LITGPT: FrameworkProfile(
         name=Framework.LITGPT,
