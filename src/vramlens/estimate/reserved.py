@@ -153,26 +153,26 @@ def layer_churn(mem: StageMemory) -> tuple[int, int, int]:
     )
 
 
-def _layer_gradients(shape: StepShape) -> int:
-    """Bytes of the decoder layers' gradients allocated during a backward (0 with an optimizer in backward)."""
-    if shape.in_backward:
+def _layer_gradients(ctx: TrainingContext, mem: StageMemory, edges: StepShape) -> int:
+    """Bytes of the decoder layers' gradients allocated during a backward: every trained element
+    but the vocabulary matrices' (0 with an optimizer in backward, which frees each at once)."""
+    if edges.in_backward:
         return 0
-    per_period = sum(e for kind in shape.layer_trained for e in kind) * shape.grad_bytes // shape.grads_sharded
-    return per_period * shape.layers // len(shape.layer_trained)
+    elements = sum(group.elements for group in mem.stage.trainable) - sum(edges.edge_trained)
+    return max(0, elements) * edges.grad_bytes // edges.grads_sharded
 
 
 def training_slack(
     ctx: TrainingContext, mem: StageMemory, targets: frozenset[str], settings: AllocatorSettings
 ) -> TrainingSlack:
     """Allocator slack of one stage's step (see the module docstring)."""
-    shape = step_shape(ctx, mem, targets)
-    edges = dataclasses.replace(shape, layer_params=(), layer_trained=((),), saved=((),), recomputed=(), casts=())
+    edges = step_shape(ctx, mem, targets, layers=False)
     vocabulary = _vocabulary_slack(edges, training_loss_script(ctx, mem), min(ctx.workload.grad_accum, 2), settings)
     sharded = ctx.workload.parallel.shard in (Shard.FSDP, Shard.HSDP, Shard.ZERO3)
     key = (settings.expandable_segments, sharded)
     churn = layer_churn(mem)
     return TrainingSlack(
-        vocabulary_bytes=max(0, vocabulary - _layer_gradients(shape)),
+        vocabulary_bytes=max(0, vocabulary - _layer_gradients(ctx, mem, edges)),
         layers_bytes=int(sum(f * c for f, c in zip(LAYER_SLACK_FRACTION[key], churn, strict=True))),
         spread_bytes=int(LAYER_SLACK_SPREAD[key] * sum(churn)),
     )

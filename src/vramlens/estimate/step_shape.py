@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vramlens.estimate._memo import memo
 from vramlens.estimate.context import TrainingContext
 from vramlens.estimate.fsdp import units
 from vramlens.estimate.layout import EMBED_NAMES, StageView
@@ -88,7 +89,13 @@ DDP_BUCKET_BYTES = 25 << 20
 
 def _layer_weights(ctx: TrainingContext, moe_layer: bool, layer_elements: int) -> list[int]:
     """Elements of each weight of one layer on this rank: linears (and biases), norms, and the
-    rest (routed experts as fused 3-D gate/up and down tensors, the router) in two tensors."""
+    rest (routed experts as fused 3-D gate/up and down tensors, the router) in two tensors
+    (memoized on the spec)."""
+    key = ("step-layer-weights", moe_layer, layer_elements, ctx.workload.parallel.tp)
+    return memo(ctx.spec, key, lambda: _weights_of_layer(ctx, moe_layer, layer_elements))
+
+
+def _weights_of_layer(ctx: TrainingContext, moe_layer: bool, layer_elements: int) -> list[int]:
     spec, tp = ctx.spec, ctx.workload.parallel.tp
     weights: list[int] = []
     for s in layer_linears(spec, moe_layer=moe_layer):
@@ -114,7 +121,11 @@ def _adapters(ctx: TrainingContext, moe_layer: bool, targets: frozenset[str]) ->
 
 def _kinds(ctx: TrainingContext, stage: StageView) -> list[bool]:
     """The MoE flag of each layer kind, in order: two kinds where layers alternate (MoE and dense,
-    sliding and global attention), else one."""
+    sliding and global attention), else one (memoized on the spec)."""
+    return memo(ctx.spec, ("step-layer-kinds", stage.layer_range), lambda: _layer_kinds(ctx, stage))
+
+
+def _layer_kinds(ctx: TrainingContext, stage: StageView) -> list[bool]:
     flags = [ctx.spec.layers[i].moe for i in stage.layer_range]
     windows = [ctx.spec.layers[i].window for i in stage.layer_range]
     period = 2 if len(set(zip(flags, windows, strict=True))) > 1 else 1
@@ -160,11 +171,12 @@ def _fsdp_sizes(ctx: TrainingContext, stage: StageView) -> tuple[int, int, int]:
     return u.embedding + u.tail, u.layer, u.layer_grads
 
 
-def step_shape(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str]) -> StepShape:
-    """The allocator requests of one stage's step (see the module docstring)."""
+def step_shape(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str], *, layers: bool = True) -> StepShape:
+    """The allocator requests of one stage's step (see the module docstring); ``layers=False``
+    leaves the decoder layers' lists empty (the vocabulary-sized tensors alone)."""
     stage, parallel, spec = mem.stage, ctx.workload.parallel, ctx.spec
     d_param = ctx.shard_group if parallel.shard in _PARAM_SHARDED else 1
-    flags = _kinds(ctx, stage)
+    flags = _kinds(ctx, stage) if layers else []
     layer_params, layer_trained = [], []
     for moe in flags:
         weights = _layer_weights(ctx, moe, stage.layer_elements)
@@ -184,14 +196,14 @@ def step_shape(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str]) 
     optimizer = optimizer_model(ctx.workload.optimizer)
     group = stage.trainable[0] if stage.trainable else None
     a = ctx.compute_bytes
-    saved, recomputed = _saved(ctx, mem, targets)
+    saved, recomputed = _saved(ctx, mem, targets) if layers else ([], [])
     gather_edges, gather_layer, gather_grads = _fsdp_sizes(ctx, stage)
     full_cast = ctx.autocast and ctx.full
     return StepShape(
         layers=stage.layers,
         edge_params=tuple(int(e * edge_bytes) // d_param for e in edges),
         layer_params=tuple(layer_params),
-        layer_trained=tuple(layer_trained),
+        layer_trained=tuple(layer_trained) or ((),),
         edge_trained=trained_edges,
         embedding_trained=embedding,
         head_trained=head,
@@ -203,9 +215,9 @@ def step_shape(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str]) 
         master_bytes=ctx.master_bytes,
         foreach=ctx.optimizer_impl is OptimizerImpl.FOREACH and optimizer.temp_copies > 0 and optimizer.moments > 0,
         per_tensor_copies=2 if ctx.optimizer_impl is OptimizerImpl.PER_TENSOR and optimizer.temp_copies else 0,
-        saved=tuple(tuple(saved) for _ in flags),
+        saved=tuple(tuple(saved) for _ in flags) or ((),),
         recomputed=tuple(recomputed),
-        casts=tuple(w * a for w in layer_trained[0] if w > spec.hidden_size) if full_cast else (),
+        casts=tuple(w * a for w in layer_trained[0] if w > spec.hidden_size) if full_cast and layers else (),
         casts_kept=ctx.workload.recompute is Recompute.NONE,
         head_cast=table * a if full_cast and stage.last else 0,
         forward_working=mem.forward_working,

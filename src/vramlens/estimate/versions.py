@@ -128,6 +128,7 @@ def resolved_versions(versions: tuple[tuple[str, str], ...]) -> dict[str, str]:
     return {package: named.get(package) or _installed(package) or CURRENT[package] for package in PACKAGES}
 
 
+@lru_cache(maxsize=1024)
 def older_than(versions: tuple[tuple[str, str], ...], rule: str) -> bool:
     """Whether the run's version of the rule's package predates the rule (the old behaviour applies)."""
     found = VERSION_RULES[rule]
