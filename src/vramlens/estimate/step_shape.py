@@ -13,6 +13,7 @@ step. Bytes are ``int``; "per layer" lists hold one decoder layer's tensors.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from vramlens.estimate._memo import memo
 from vramlens.estimate.context import TrainingContext
@@ -177,23 +178,13 @@ def step_shape(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str], 
     stage, parallel, spec = mem.stage, ctx.workload.parallel, ctx.spec
     d_param = ctx.shard_group if parallel.shard in _PARAM_SHARDED else 1
     flags = _kinds(ctx, stage) if layers else []
-    layer_params, layer_trained = [], []
-    for moe in flags:
-        weights = _layer_weights(ctx, moe, stage.layer_elements)
-        if ctx.full:
-            layer_params.append(tuple(w * ctx.param_bytes // d_param for w in weights))
-            layer_trained.append(tuple(weights))
-        else:
-            frozen = stage.frozen_bytes / max(stage.layers, 1) / max(sum(weights), 1)
-            layer_params.append(tuple(int(w * frozen) // d_param for w in weights if w))
-            layer_trained.append(tuple(_adapters(ctx, moe, targets)))
+    layer_params, layer_trained = _layer_tensors(ctx, stage, targets, flags, d_param)
     table = spec.vocab_size * spec.hidden_size // parallel.tp
     edges = [table] if stage.first else []
     if stage.last and not (spec.tie_word_embeddings and stage.first):
         edges.append(table)
     edge_bytes = ctx.param_bytes if ctx.full else ctx.frozen_bytes
     embedding, head, trained_edges = _trained_edges(ctx, stage)
-    optimizer = optimizer_model(ctx.workload.optimizer)
     group = stage.trainable[0] if stage.trainable else None
     a = ctx.compute_bytes
     saved, recomputed = _saved(ctx, mem, targets) if layers else ([], [])
@@ -211,10 +202,8 @@ def step_shape(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str], 
         param_bytes=int(group.param_bytes) if group is not None else ctx.param_bytes,
         grad_bytes=group.grad_bytes if group is not None else ctx.grad_bytes,
         state_bytes=group.state_bytes if group is not None else ctx.state_bytes,
-        moments=0 if optimizer.paged else optimizer.moments,
         master_bytes=ctx.master_bytes,
-        foreach=ctx.optimizer_impl is OptimizerImpl.FOREACH and optimizer.temp_copies > 0 and optimizer.moments > 0,
-        per_tensor_copies=2 if ctx.optimizer_impl is OptimizerImpl.PER_TENSOR and optimizer.temp_copies else 0,
+        **_optimizer_fields(ctx),
         saved=tuple(tuple(saved) for _ in flags) or ((),),
         recomputed=tuple(recomputed),
         casts=tuple(w * a for w in layer_trained[0] if w > spec.hidden_size) if full_cast and layers else (),
@@ -234,6 +223,33 @@ def step_shape(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str], 
         states_sharded=ctx.shard_group if parallel.shard in _STATE_SHARDED else 1,
         in_backward=ctx.in_backward_step,
     )
+
+
+def _layer_tensors(
+    ctx: TrainingContext, stage: StageView, targets: frozenset[str], flags: list[bool], d_param: int
+) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
+    """(resident weights in bytes, trained tensors in elements) of each layer kind."""
+    layer_params, layer_trained = [], []
+    for moe in flags:
+        weights = _layer_weights(ctx, moe, stage.layer_elements)
+        if ctx.full:
+            layer_params.append(tuple(w * ctx.param_bytes // d_param for w in weights))
+            layer_trained.append(tuple(weights))
+        else:
+            frozen = stage.frozen_bytes / max(stage.layers, 1) / max(sum(weights), 1)
+            layer_params.append(tuple(int(w * frozen) // d_param for w in weights if w))
+            layer_trained.append(tuple(_adapters(ctx, moe, targets)))
+    return layer_params, layer_trained
+
+
+def _optimizer_fields(ctx: TrainingContext) -> dict[str, Any]:
+    """The optimizer's share of a :class:`StepShape`: moments per tensor and step temporaries."""
+    optimizer = optimizer_model(ctx.workload.optimizer)
+    return {
+        "moments": 0 if optimizer.paged else optimizer.moments,
+        "foreach": ctx.optimizer_impl is OptimizerImpl.FOREACH and optimizer.temp_copies > 0 and optimizer.moments > 0,
+        "per_tensor_copies": 2 if ctx.optimizer_impl is OptimizerImpl.PER_TENSOR and optimizer.temp_copies else 0,
+    }
 
 
 def _buckets(total: int) -> tuple[int, ...]:
