@@ -167,6 +167,7 @@ def battery(out: Path, budget: float, run_timeout: float, sim_workers: int) -> N
     """Run every entry (GPU children one at a time, simulations alongside), then merge and write."""
     from gpu_truth_child import environment
 
+    out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     sims = _start_simulations(out, sim_workers)
     summary: dict[str, Any] = {"schema": SCHEMA, "budget_s": budget, "environment": environment(), "runs": {}}
