@@ -24,7 +24,7 @@ class Pattern:
     """A growing list of events: ``alloc`` returns a key, ``free`` takes it.
 
     Sizes are raw request bytes (the allocator rounds them); a size of 0 allocates nothing and
-    returns a key whose free is a no-op.
+    returns the key -1, whose free is a no-op (no event is written for either).
     """
 
     __slots__ = ("_next", "events")
@@ -35,15 +35,17 @@ class Pattern:
 
     def alloc(self, nbytes: int) -> int:
         """Allocate ``nbytes`` (int >= 0); returns the key to free it with."""
+        if nbytes <= 0:
+            return -1
         key = self._next
         self._next += 1
-        if nbytes > 0:
-            self.events.append((int(nbytes), key))
+        self.events.append((int(nbytes), key))
         return key
 
     def free(self, key: int) -> None:
         """Free the allocation ``key`` (a no-op for a zero-byte one)."""
-        self.events.append((-1, key))
+        if key >= 0:
+            self.events.append((-1, key))
 
     def free_all(self, keys: list[int]) -> None:
         """Free ``keys`` in order, then empty the list."""

@@ -3,7 +3,8 @@
 Order follows an eager PyTorch step (transformers' modules, ``loss.backward()``,
 ``optimizer.step()``, ``zero_grad(set_to_none=True)``), as the simulator records it:
 
-* load: the cuBLAS workspace, then every resident weight (and DDP's gradient buckets);
+* load: the cuBLAS workspace, then every resident weight (DDP's gradient buckets are left out:
+  persistent and in segments of their own, they never meet another request);
 * forward, layer by layer: the gathered unit (sharded parameters), autocast weight copies, the
   saved activations, the layer's transient working set, the next hidden state; then the final
   norm's output, the head's weight copy and the loss (:mod:`vramlens.estimate.loss_pattern`);
@@ -73,8 +74,6 @@ class _Writer:
         if s.adapter_params:
             for elements in self.trained_tensors():
                 p.alloc(elements * s.param_bytes)
-        for bucket in s.buckets:
-            p.alloc(bucket)
 
     def _grad(self, elements: int) -> None:
         """A gradient appears; with an optimizer in backward it is stepped and freed at once."""

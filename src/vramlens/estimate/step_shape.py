@@ -75,17 +75,12 @@ class StepShape:
     non_layer: int
     inputs: int
     dequant: int
-    buckets: tuple[int, ...]
     gather_edges: int
     gather_layer: int
     gather_layer_grads: int
     grads_sharded: int
     states_sharded: int
     in_backward: bool
-
-
-#: DDP's default bucket (``bucket_cap_mb=25``).
-DDP_BUCKET_BYTES = 25 << 20
 
 
 def _layer_weights(ctx: TrainingContext, moe_layer: bool, layer_elements: int) -> list[int]:
@@ -215,7 +210,6 @@ def step_shape(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str], 
         non_layer=mem.non_layer,
         inputs=mem.inputs,
         dequant=mem.dequant,
-        buckets=_buckets(mem.grad_buckets),
         gather_edges=gather_edges,
         gather_layer=gather_layer,
         gather_layer_grads=gather_grads,
@@ -250,9 +244,3 @@ def _optimizer_fields(ctx: TrainingContext) -> dict[str, Any]:
         "foreach": ctx.optimizer_impl is OptimizerImpl.FOREACH and optimizer.temp_copies > 0 and optimizer.moments > 0,
         "per_tensor_copies": 2 if ctx.optimizer_impl is OptimizerImpl.PER_TENSOR and optimizer.temp_copies else 0,
     }
-
-
-def _buckets(total: int) -> tuple[int, ...]:
-    """DDP's gradient buckets: ``total`` bytes in buckets of at most 25 MiB."""
-    full, rest = divmod(total, DDP_BUCKET_BYTES)
-    return (DDP_BUCKET_BYTES,) * full + ((rest,) if rest else ())
