@@ -1,4 +1,5 @@
-"""Agreement: the analytic estimator within 3% of the simulator's allocated peak (issue 5).
+"""Agreement: the analytic estimator within 3% of the simulator's allocated peak (issue 5), and
+its reserved level against the simulator's replay of the recorded timeline (issue 20).
 
 The simulator runs transformers' real code on fake tensors, so on these workloads it is
 the reference: every disagreement beyond 3% is a bug in one of the two engines. The set
@@ -9,9 +10,19 @@ fused AdamW, eager, SDPA and flash attention (Gemma 2: transformers' default is 
 8192 (each within the model's context). Inference checks the prefill's working memory
 (activations, logits and inputs at the prefill peak) within 3% as well as the peak: the
 weights dominate the total, so a bug there would hide in it.
+
+Reserved: the simulator replays every recorded tensor through the caching-allocator model; the
+estimator replays the step's vocabulary-sized tensors and adds a closed form of the per-layer
+slack fitted to replays (``estimate/reserved.py``). The slack is chaotic in the details (a
+request one block too large for a cached one strands it), so each workload is held within 16%
+(the worst today: 15.7%, gemma-3-270m LoRA at 4096 tokens) and the set as a whole to a median
+within 3%, at least half of the workloads within 3%, and no bias beyond 2%.
 """
 
 from __future__ import annotations
+
+import functools
+import statistics
 
 import pytest
 
@@ -61,10 +72,28 @@ def _marks(*, fast: bool = False) -> tuple[pytest.MarkDecorator, ...]:
     [pytest.param(*case, marks=_marks(fast=case in _FAST), id="-".join(case)) for case in _CASES],
 )
 def test_estimate_within_3_percent_of_the_simulation(model: str, variant: str) -> None:
-    workload = {"model": model, "batch": 1, "framework": "hf", **_VARIANTS[variant]}
-    simulated = simulate(workload)
-    estimated = estimate(workload)
+    simulated, estimated = _pair(model, variant)
     assert estimated.allocated_bytes == pytest.approx(simulated.allocated_bytes, rel=0.03)
+    assert estimated.reserved_bytes == pytest.approx(simulated.reserved_bytes, rel=0.16)
+
+
+@functools.cache
+def _pair(model: str, variant: str) -> tuple[MemoryReport, MemoryReport]:
+    """(simulated, estimated) of one training workload, simulated once per session."""
+    workload = {"model": model, "batch": 1, "framework": "hf", **_VARIANTS[variant]}
+    return simulate(workload), estimate(workload)
+
+
+@pytest.mark.slow
+def test_reserved_agrees_with_the_simulation_over_the_set() -> None:
+    errors = []
+    for model, variant in _CASES:
+        simulated, estimated = _pair(model, variant)
+        errors.append(estimated.reserved_bytes / simulated.reserved_bytes - 1)
+    within = sum(1 for error in errors if abs(error) <= 0.03) / len(errors)
+    assert statistics.median(abs(error) for error in errors) <= 0.03
+    assert within >= 0.5, f"{within:.0%} within 3%"
+    assert abs(statistics.median(errors)) <= 0.02
 
 
 # ---- inference: generate()'s prefill --------------------------------------------------------------

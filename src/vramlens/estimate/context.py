@@ -13,6 +13,7 @@ from vramlens.estimate._memo import memo
 from vramlens.estimate.frameworks import FrameworkProfile, MixedStyle, profile_for
 from vramlens.estimate.hf_attention import hf_attention_kernel
 from vramlens.estimate.qlora import kbit_notes, prepared_compute_bytes
+from vramlens.estimate.versions import older_than, rule_note
 from vramlens.model.spec import ModelSpec
 from vramlens.workload.options import (
     AttentionImpl,
@@ -69,9 +70,11 @@ class TrainingContext:
 
     @property
     def in_backward_step(self) -> bool:
-        """Gradients are stepped and freed one by one during backward. Not under
-        torch.compile: the compiled backward returns every gradient at once."""
-        return self.workload.optimizer_in_backward and not self.workload.compile
+        """Gradients are stepped and freed one by one during backward. Not under a whole-model
+        torch.compile, whose compiled backward returns every gradient at once; a framework that
+        compiles each layer on its own (torchtune) still frees them layer by layer."""
+        whole_model_compile = self.workload.compile and not self.profile.compiles_per_layer
+        return self.workload.optimizer_in_backward and not whole_model_compile
 
     @property
     def full(self) -> bool:
@@ -102,6 +105,10 @@ def _attention(workload: Workload, profile: FrameworkProfile, spec: ModelSpec, n
     if resolved is AttentionImpl.AUTO:
         resolved = profile.attention
     note = ""
+    old_default = workload.attention is AttentionImpl.AUTO and older_than(workload.versions, "sdpa_default")
+    if profile.name is Framework.HF and old_default:
+        notes.append(rule_note(workload.versions, "sdpa_default"))
+        return AttentionImpl.EAGER
     if profile.name is Framework.HF:
         resolved, note = hf_attention_kernel(workload.attention, resolved, spec)
     if note:
@@ -184,7 +191,7 @@ def _resolved_settings(spec: ModelSpec, workload: Workload) -> dict[str, object]
     key = (
         "training-settings", workload.framework, workload.precision, sharded, workload.method, workload.quant,
         workload.optimizer_in_backward, workload.compile, workload.attention, workload.loss, workload.optimizer_impl,
-        workload.float8, workload.packing,
+        workload.float8, workload.packing, workload.versions,
     )  # fmt: skip
     return memo(spec, key, lambda: _settings(workload, spec))
 
@@ -199,9 +206,14 @@ def _settings(workload: Workload, spec: ModelSpec) -> dict[str, object]:
     )
     if workload.precision.mixed:
         notes.append(f"precision {workload.precision}: {profile.mixed} ({profile.name})")
-    if workload.optimizer_in_backward and workload.compile:
+    if workload.optimizer_in_backward and workload.compile and not profile.compiles_per_layer:
         notes.append(
             "optimizer_in_backward under compile: the compiled backward returns all gradients at once, so they are not freed early"
+        )
+    elif workload.optimizer_in_backward and workload.compile:
+        notes.append(
+            f"optimizer_in_backward under compile: {profile.name} compiles each layer on its own, so gradients are "
+            "still stepped and freed layer by layer"
         )
     if workload.float8:
         notes.append(

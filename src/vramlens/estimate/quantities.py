@@ -20,12 +20,13 @@ from vramlens.estimate.logits import LogitsMemory, logits_memory
 from vramlens.estimate.optimizers import OptimizerModel, optimizer_model
 from vramlens.estimate.qlora import dequantized_bytes, with_head_weight_cast
 from vramlens.estimate.recompute import LayerActivations, layer_activations, train_state
+from vramlens.estimate.versions import older_than, rule_note
 from vramlens.model.modules import layer_linears
 from vramlens.report.model import Term
 from vramlens.units import format_bytes
 from vramlens.workload.options import Framework, Method, Offload, PipelineSchedule, Quant, Recompute, Shard
 
-__all__ = ["StageMemory", "stage_memory"]
+__all__ = ["StageMemory", "fp32_model_outputs", "stage_memory"]
 
 _PARAM_SHARDED = {Shard.ZERO3, Shard.FSDP, Shard.HSDP}
 _GRAD_SHARDED = _PARAM_SHARDED | {Shard.ZERO2}
@@ -323,6 +324,15 @@ def _optimizer_temporaries(ctx: TrainingContext, mem: StageMemory) -> None:
     )
 
 
+def fp32_model_outputs(ctx: TrainingContext) -> bool:
+    """The logits the loop keeps are fp32: accelerate converts the outputs of an autocast model
+    (unless FSDP2's root casts them back), or transformers before 4.46 up-cast them in the
+    forward (:data:`vramlens.estimate.versions.VERSION_RULES` ``loss_upcast``)."""
+    converted = ctx.workload.precision.mixed and ctx.profile.mixed is MixedStyle.AUTOCAST and not casts_outputs(ctx)
+    upcast = ctx.profile.name is Framework.HF and older_than(ctx.workload.versions, "loss_upcast")
+    return converted or upcast
+
+
 def _loss_chunks(ctx: TrainingContext) -> float:
     """Tokens over the tokens of the largest loss chunk: a chunk count, or for chunks of a
     fixed length (LitGPT) the sequence over the longest chunk, min(seq, positions)."""
@@ -356,8 +366,9 @@ def stage_memory(ctx: TrainingContext, stage: StageView, targets: frozenset[str]
 def logits_terms(ctx: TrainingContext, mem: StageMemory) -> None:
     """The last stage's logits and loss (and the LM head's bf16 weight copy after k-bit preparation)."""
     tp = ctx.workload.parallel.tp
-    fp32_outputs = ctx.workload.precision.mixed and ctx.profile.mixed is MixedStyle.AUTOCAST
-    fp32_outputs = fp32_outputs and not casts_outputs(ctx)
+    fp32_outputs = fp32_model_outputs(ctx)
+    if ctx.profile.name is Framework.HF and older_than(ctx.workload.versions, "loss_upcast"):
+        mem.notes.append(rule_note(ctx.workload.versions, "loss_upcast"))
     mem.logits = logits_memory(
         ctx.loss,
         tokens=ctx.tokens,
