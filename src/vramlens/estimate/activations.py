@@ -122,7 +122,10 @@ def _attention_core(recipe: LayerRecipe, widths: _Widths, *, sliding: bool) -> l
         return parts
     repeat = heads // spec.num_kv_heads if spec.attention.mla is None else 1
     scores = heads * recipe.seq
-    upcast = recipe.style.eager_softmax_fp32 and a != FP32  # .to(fp32) is a no-op on fp32 scores
+    # .to(fp32) is a no-op on fp32 scores. gpt-oss softmaxes in its scores' dtype, which under autocast
+    # the fp32 mask and sinks make fp32; the probabilities are then cast to the values' dtype (a copy).
+    sinks_fp32 = spec.attention.sinks and recipe.autocast
+    upcast = (recipe.style.eager_softmax_fp32 or sinks_fp32) and a != FP32
     parts = [
         Part(name="attention q", bytes_per_token=a * widths.q),
         Part(name="attention k, v (repeated to all heads)", bytes_per_token=a * (widths.k + widths.v) * repeat),
@@ -131,6 +134,13 @@ def _attention_core(recipe: LayerRecipe, widths: _Widths, *, sliding: bool) -> l
             bytes_per_token=(FP32 + a if upcast else a) * scores,
         ),
     ]
+    if spec.attention.sinks:
+        # gpt-oss: the softmax runs over each row's scores and its head's sink logit (s + 1 columns),
+        # after subtracting the row maximum, whose int64 index max() keeps for backward.
+        softmax_bytes = FP32 if upcast else a
+        parts.append(
+            Part(name="attention sink column and row-max indices", bytes_per_token=(softmax_bytes + 8) * heads)
+        )
     if spec.attention.logit_softcap:
         parts.append(Part(name="attention soft-cap tanh", bytes_per_token=a * scores))
     if spec.attention.dropout > 0:

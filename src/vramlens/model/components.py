@@ -238,6 +238,10 @@ class MoeSpec:
     """A sigmoid gate Linear(h, 1) scaling the shared expert (Qwen2-MoE)."""
     router_score_bias: bool = False
     """A per-expert score-correction bias kept as a buffer, not a parameter (DeepSeek-V3)."""
+    router_bias: bool = False
+    """The router is a biased ``h -> E`` linear (gpt-oss): ``E`` more parameters per MoE layer."""
+    expert_bias: bool = False
+    """Every routed expert's projections have biases (gpt-oss: ``2i`` on gate/up, ``h`` on down)."""
     activation: str = "silu"
     """Experts' activation function."""
 
