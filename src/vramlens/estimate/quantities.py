@@ -19,7 +19,7 @@ from vramlens.estimate.layout import EMBED_NAMES, StageView, effective_quant
 from vramlens.estimate.logits import LogitsMemory, logits_memory
 from vramlens.estimate.optimizers import OptimizerModel, optimizer_model
 from vramlens.estimate.qlora import dequantized_bytes, with_head_weight_cast
-from vramlens.estimate.recompute import LayerActivations, layer_activations, train_state
+from vramlens.estimate.recompute import LayerActivations, eager_attention_working, layer_activations, train_state
 from vramlens.model.modules import layer_linears
 from vramlens.report.model import Term
 from vramlens.units import format_bytes
@@ -238,6 +238,13 @@ def _working_sets(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str
     adapter_sum, adapter_grad = _adapter_transients(ctx, targets, inner)
     backward = a * (inner + h) + adapter_grad if recompute else a * (2 * inner + 2 * h)
     forward = (a * h + 2 * a * inner + adapter_sum) if recompute else max(4 * h + a * h, adapter_sum)
+    # Eager attention's score tensors come and go apart from the MLP's intermediates; a recomputed
+    # layer's forward runs inside the backward pass, its kept tensors counted as the transient.
+    over_kept, eager_backward, eager_forward = eager_attention_working(
+        ctx, train_state(ctx, targets), mem.stage.layer_range
+    )
+    forward = max(forward, eager_forward if recompute else over_kept)
+    backward = max(backward, eager_backward, over_kept if recompute else 0)
     mem.working = int(tokens * backward / tp)
     mem.forward_working = int(tokens * forward / tp)
 

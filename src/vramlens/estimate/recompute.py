@@ -10,8 +10,9 @@ import math
 from dataclasses import dataclass, replace
 
 from vramlens.estimate._memo import memo
-from vramlens.estimate.activations import layer_saved_parts
+from vramlens.estimate.activations import ffn_saved_parts, layer_saved_parts
 from vramlens.estimate.context import TrainingContext
+from vramlens.estimate.eager_attention import eager_transients
 from vramlens.estimate.frameworks import NormImpl
 from vramlens.estimate.qlora import adapter_inputs_shared, base_output_bytes, kbit_prepared
 from vramlens.estimate.saved_parts import GATHERED, HEADS, SEQUENCE, LayerRecipe, Part, TrainState
@@ -19,7 +20,7 @@ from vramlens.estimate.styles import hf_style
 from vramlens.model.modules import all_layer_linears
 from vramlens.workload.options import AttentionImpl, Framework, Method, Recompute
 
-__all__ = ["LayerActivations", "layer_activations", "train_state"]
+__all__ = ["LayerActivations", "eager_attention_working", "layer_activations", "train_state"]
 
 
 def train_state(ctx: TrainingContext, targets: frozenset[str]) -> TrainState:
@@ -192,3 +193,22 @@ def _mask_bytes(ctx: TrainingContext, recipe: LayerRecipe, kinds: dict[tuple[boo
     else:
         count = 1 if sliding and recipe.attention is not AttentionImpl.FLASH else 0
     return count * recipe.compute_bytes * recipe.seq
+
+
+def eager_attention_working(ctx: TrainingContext, state: TrainState, layer_range: range) -> tuple[float, float, float]:
+    """Eager attention's score tensors in the last layer of ``layer_range``, bytes per token on one rank:
+    (forward beyond the kept probabilities, backward, forward with nothing kept), each less that
+    layer's feed-forward half, which is not yet alive when its attention runs forward and already
+    freed when its attention runs backward (see :mod:`vramlens.estimate.eager_attention`)."""
+    if ctx.attention is not AttentionImpl.EAGER or not layer_range:
+        return 0.0, 0.0, 0.0
+    workload = ctx.workload
+    tp = workload.parallel.tp
+    recipe = _recipe(ctx, state, [])
+    layer = ctx.spec.layers[layer_range[-1]]
+    sliding = layer.window is not None and layer.window < workload.seq
+    ffn = _per_token(ffn_saved_parts(recipe, moe_layer=layer.moe, sliding=sliding), tp, tp > 1)
+    common = {"compute_bytes": recipe.compute_bytes, "autocast": recipe.autocast, "seq": recipe.seq, "tp": tp}
+    over_kept, backward = eager_transients(ctx.spec, recipe.style, **common)
+    everything = eager_transients(ctx.spec, recipe.style, **common, kept=False)[0]
+    return max(0.0, over_kept - ffn), max(0.0, backward - ffn), everything

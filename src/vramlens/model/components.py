@@ -176,6 +176,8 @@ class AttentionSpec:
     """Attention-probability dropout during training."""
     sinks: bool = False
     """A learned sink logit per head joins every softmax (gpt-oss): ``num_heads`` more parameters."""
+    clip_qkv: bool = False
+    """Queries, keys and values are clamped in place (OLMoE ``clip_qkv``): autograd keeps a copy of each."""
 
     def __post_init__(self) -> None:
         _require(self.num_heads > 0, "attention.num_heads: must be a positive integer")

@@ -36,6 +36,7 @@ def _attention(view: ConfigView, hidden: int) -> AttentionSpec:
         qkv_bias=bias,
         out_bias=bias,
         qk_norm=QKNorm.PER_PROJECTION,
+        clip_qkv=view.opt_number("clip_qkv", minimum=0.0) is not None,
         dropout=view.number("attention_dropout", default=0.0, minimum=0.0, maximum=0.999),
     )
 
