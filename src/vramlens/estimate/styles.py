@@ -68,6 +68,8 @@ class HfStyle:
     blocks (Phi, GPT-NeoX); GPT2Block holds both (``attn_output`` is a local)."""
     rope_sets: int = 1
     """Rotary (cos, sin) tables the model computes once per forward (Gemma 3: local and global)."""
+    rope_fp32: bool = False
+    """Rotary embeddings are applied in fp32 (Cohere's ``apply_rotary_pos_emb`` up-casts q and k)."""
     router_topk_first: bool = False
     """The MoE router takes the top-k of its logits and softmaxes only those, in the compute dtype
     (gpt-oss ``GptOssTopKRouter``): no expert-wide fp32 probabilities are kept."""
@@ -110,7 +112,7 @@ HF_STYLES: Final[dict[str, HfStyle]] = {
     ),
     "olmoe": HfStyle(),
     "smollm3": HfStyle(),
-    "cohere2": HfStyle(norm=NormStyle.COHERE, pre_mlp_norm=False),
+    "cohere2": HfStyle(norm=NormStyle.COHERE, pre_mlp_norm=False, rope_fp32=True),
     # Glm4Moe's rotary concatenates the rotated and passed-through halves (torch.cat), so queries are
     # contiguous (b, heads, s, d); SDPA's output follows the query layout and the transpose before o_proj copies.
     "glm4_moe": HfStyle(router_fp32=True, out_proj_copy=True),
