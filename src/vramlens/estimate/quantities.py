@@ -57,6 +57,8 @@ class StageMemory:
     dequant: int = 0
     working: int = 0
     forward_working: int = 0
+    masks: float = 0.0
+    """Attention masks alive during the forward only, bytes per token (see LayerActivations)."""
     step_temp: int = 0
     terms: list[Term] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -172,6 +174,7 @@ def _activations(ctx: TrainingContext, mem: StageMemory, acts: LayerActivations)
         ),
     )
     mem.recompute = int(acts.transient_per_token * tokens)
+    mem.masks = acts.masks_per_token
     h, a = ctx.spec.hidden_size, ctx.compute_bytes
     mem.inputs = mem.add("inputs (ids, labels)", Category.INPUTS, 16 * tokens, lambda: f"{tokens:,} tokens x 2 int64")
     rotary = 2 * a * ctx.spec.head_dim if stage.first else 0
@@ -246,7 +249,7 @@ def _working_sets(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str
     forward = max(forward, eager_forward if recompute else over_kept)
     backward = max(backward, eager_backward, over_kept if recompute else 0)
     mem.working = int(tokens * backward / tp)
-    mem.forward_working = int(tokens * forward / tp)
+    mem.forward_working = int(tokens * (forward / tp + mem.masks))
 
 
 def _adapter_transients(ctx: TrainingContext, targets: frozenset[str], inner: int) -> tuple[float, float]:

@@ -73,6 +73,9 @@ class LayerActivations:
     full_layer_parts: tuple[Part, ...]
     """The saved tensors of one full (not recomputed) layer, for the explanation."""
     notes: tuple[str, ...]
+    masks_per_token: float = 0.0
+    """Attention masks alive while the layers run forward but kept by no one for backward
+    (without recompute; a checkpointed layer keeps its mask argument, counted in ``saved``)."""
 
 
 def _per_token(parts: list[Part], tp: int, sequence_parallel: bool) -> float:
@@ -178,21 +181,30 @@ def _layer_activations(
     example = max(kinds, key=lambda key: full[key]) if kinds else (False, False)
     parts = tuple(layer_saved_parts(recipe, moe_layer=example[0], sliding=example[1]))
     masks = _mask_bytes(ctx, recipe, kinds)
+    # Eager adds its masks to the scores and SDPA turns them into a per-call bias: autograd keeps
+    # neither; they live in the model's forward until it returns, unless a checkpoint keeps them
+    # as a layer input (found against the simulator on SmolLM3 and gpt-oss with sliding windows).
+    kept = policy is not Recompute.NONE
     return LayerActivations(
-        saved_per_token=saved + masks, transient_per_token=transient, full_layer_parts=parts, notes=tuple(notes)
+        saved_per_token=saved + (masks if kept else 0.0),
+        transient_per_token=transient,
+        full_layer_parts=parts,
+        notes=tuple(notes),
+        masks_per_token=0.0 if kept else masks,
     )
 
 
 def _mask_bytes(ctx: TrainingContext, recipe: LayerRecipe, kinds: dict[tuple[bool, bool], int]) -> float:
     """Materialized 4-D attention masks ([batch, 1, seq, seq], one per mask kind, shared by all layers):
-    eager attention always builds them; SDPA only for sliding-window layers; flash attention
+    eager attention always builds them, additive in the compute dtype; SDPA only for sliding-window
+    layers, boolean (``masking_utils.sdpa_mask``: one byte per element); flash attention
     (flash_attention_2, which applies the window itself) never."""
     sliding = any(key[1] for key in kinds)
     if recipe.attention is AttentionImpl.EAGER:
         count = 2 if sliding and len({key[1] for key in kinds}) > 1 else 1
-    else:
-        count = 1 if sliding and recipe.attention is not AttentionImpl.FLASH else 0
-    return count * recipe.compute_bytes * recipe.seq
+        return count * recipe.compute_bytes * recipe.seq
+    count = 1 if sliding and recipe.attention is not AttentionImpl.FLASH else 0
+    return count * recipe.seq
 
 
 def eager_attention_working(ctx: TrainingContext, state: TrainState, layer_range: range) -> tuple[float, float, float]:
