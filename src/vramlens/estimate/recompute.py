@@ -19,6 +19,7 @@ from vramlens.estimate.saved_parts import GATHERED, HEADS, SEQUENCE, LayerRecipe
 from vramlens.estimate.styles import hf_style
 from vramlens.model.modules import all_layer_linears
 from vramlens.workload.options import AttentionImpl, Framework, Method, Recompute
+from vramlens.workload.spec import ALL_LINEAR
 
 __all__ = ["LayerActivations", "eager_attention_working", "layer_activations", "train_state"]
 
@@ -141,6 +142,12 @@ def layer_activations(ctx: TrainingContext, state: TrainState, layer_range: rang
 def _build_layer_activations(ctx: TrainingContext, state: TrainState, layer_range: range) -> LayerActivations:
     notes: list[str] = []
     recipe = _recipe(ctx, state, notes)
+    lora = ctx.method in (Method.LORA, Method.QLORA) and ctx.workload.lora.targets == ALL_LINEAR
+    if lora and ctx.spec.is_moe and recipe.style.peft_wraps_experts:
+        notes.append(
+            "lora.targets all-linear: PEFT also adapts this MoE model's 3-D expert weights (merged weights kept "
+            "for backward), which is not counted here: the estimate is low; list the targets to leave experts out"
+        )
     return _layer_activations(ctx, recipe, layer_range, notes)
 
 
@@ -184,13 +191,13 @@ def _layer_activations(
     # Eager adds its masks to the scores and SDPA turns them into a per-call bias: autograd keeps
     # neither; they live in the model's forward until it returns, unless a checkpoint keeps them
     # as a layer input (found against the simulator on SmolLM3 and gpt-oss with sliding windows).
-    kept = policy is not Recompute.NONE
+    checkpointed = policy is not Recompute.NONE
     return LayerActivations(
-        saved_per_token=saved + (masks if kept else 0.0),
+        saved_per_token=saved + (masks if checkpointed else 0.0),
         transient_per_token=transient,
         full_layer_parts=parts,
         notes=tuple(notes),
-        masks_per_token=0.0 if kept else masks,
+        masks_per_token=0.0 if checkpointed else masks,
     )
 
 
@@ -220,7 +227,9 @@ def eager_attention_working(ctx: TrainingContext, state: TrainState, layer_range
     layer = ctx.spec.layers[layer_range[-1]]
     sliding = layer.window is not None and layer.window < workload.seq
     ffn = _per_token(ffn_saved_parts(recipe, moe_layer=layer.moe, sliding=sliding), tp, tp > 1)
-    common = {"compute_bytes": recipe.compute_bytes, "autocast": recipe.autocast, "seq": recipe.seq, "tp": tp}
-    over_kept, backward = eager_transients(ctx.spec, recipe.style, **common)
-    everything = eager_transients(ctx.spec, recipe.style, **common, kept=False)[0]
+    a, autocast, seq = recipe.compute_bytes, recipe.autocast, recipe.seq
+    over_kept, backward = eager_transients(ctx.spec, recipe.style, compute_bytes=a, autocast=autocast, seq=seq, tp=tp)
+    everything = eager_transients(
+        ctx.spec, recipe.style, compute_bytes=a, autocast=autocast, seq=seq, tp=tp, kept=False
+    )[0]
     return max(0.0, over_kept - ffn), max(0.0, backward - ffn), everything

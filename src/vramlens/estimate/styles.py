@@ -73,6 +73,10 @@ class HfStyle:
     router_topk_first: bool = False
     """The MoE router takes the top-k of its logits and softmaxes only those, in the compute dtype
     (gpt-oss ``GptOssTopKRouter``): no expert-wide fp32 probabilities are kept."""
+    peft_wraps_experts: bool = True
+    """PEFT's ``target_modules="all-linear"`` (0.21) also adapts the MoE experts' 3-D parameters
+    (ParamWrapper), which the estimate does not model (checked for OLMoE, Mixtral, Qwen3-MoE and
+    GLM-4.5; not gpt-oss, whose experts PEFT leaves alone)."""
     gpu_kernel: str = "flash-attention 2 (soft-capping in the kernel)"
     """What ``attention: flash`` runs for a family without SDPA (its class's flash path)."""
 
@@ -107,6 +111,7 @@ HF_STYLES: Final[dict[str, HfStyle]] = {
         eager_softmax_fp32=False,
         sdpa=False,
         router_topk_first=True,
+        peft_wraps_experts=False,
         gpu_kernel="flash-attention 3 with sinks (kernels-community/vllm-flash-attn3, which transformers "
         "substitutes for flash_attention_2 on gpt-oss)",
     ),
