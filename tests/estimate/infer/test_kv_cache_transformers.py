@@ -87,7 +87,9 @@ def _kv(report: Any, phase: str) -> int:
     return int(next(p for p in report.phases if p.name == phase).breakdown[Category.KV_CACHE])
 
 
-@pytest.mark.parametrize("key", _FAMILIES)
+@pytest.mark.parametrize(
+    "key", [pytest.param(key, marks=() if key == "gpt_oss" else (pytest.mark.slow,)) for key in _FAMILIES]
+)
 def test_kv_cache_equals_the_transformers_cache(key: str) -> None:
     config = FAMILY_CONFIGS[key]
     prefill, decode, other = transformers_cache_bytes(config, batch=_BATCH, prompt=_PROMPT)
