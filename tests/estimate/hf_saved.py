@@ -2,16 +2,20 @@
 of a real transformers model, on CPU.
 
 "Where am I" comes from forward hooks on the decoder layer; "what was saved" from
-``torch.autograd.graph.saved_tensors_hooks``. A saved tensor is counted once per
-storage; parameters, and storages the previous layer also saved (rotary tables and
-attention masks shared by all layers), are left out, as vramlens counts those outside
-the layers. Needs the [hf] extra; imported by tests only.
+``torch.autograd.graph.saved_tensors_hooks``. Only tensors still held after the forward
+count: a node whose outputs nobody uses (the discarded values of a ``topk`` in a router)
+is freed with what it saved, and its storage's address can be reused by a later tensor, so
+addresses are read only once the forward is over (weak references to the packed tensors).
+A saved tensor is counted once per storage; parameters, and storages the previous layer
+also saved (rotary tables and attention masks shared by all layers), are left out, as
+vramlens counts those outside the layers. Needs the [hf] extra; imported by tests only.
 """
 
 from __future__ import annotations
 
 import contextlib
 import warnings
+import weakref
 from typing import Any
 
 
@@ -66,7 +70,7 @@ def _layer_saved_bytes(
     torch.manual_seed(0)
     model = _build(config, getattr(torch, dtype), attention)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved: dict[int, dict[int, int]] = {}
+    packed: list[tuple[int, Any]] = []
     current: list[int | None] = [None]
     layers = _decoder_layers(model)
     for index, module in enumerate(layers):
@@ -74,15 +78,21 @@ def _layer_saved_bytes(
         module.register_forward_hook(lambda _m, _a, _o: current.__setitem__(0, None))
 
     def pack(tensor: Any) -> Any:
-        storage = tensor.untyped_storage()
-        if current[0] is not None and storage.data_ptr() not in params:
-            saved.setdefault(current[0], {})[storage.data_ptr()] = storage.nbytes()
+        if current[0] is not None:
+            packed.append((current[0], weakref.ref(tensor)))
         return tensor
 
     ids = torch.randint(0, model.config.vocab_size, (batch, seq))
     amp = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), amp:
-        model(input_ids=ids)
+        output = model(input_ids=ids)
+    saved: dict[int, dict[int, int]] = {}
+    for index, ref in packed:
+        tensor = ref()
+        if tensor is not None and tensor.untyped_storage().data_ptr() not in params:
+            storage = tensor.untyped_storage()
+            saved.setdefault(index, {})[storage.data_ptr()] = storage.nbytes()
+    del output
     shared = set(saved.get(layer - 1, {}))
     own = {ptr: size for ptr, size in saved[layer].items() if ptr not in shared}
     return sum(own.values())

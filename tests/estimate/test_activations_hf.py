@@ -52,12 +52,23 @@ _CONFIGS = {
     "llama-relu": {**FAMILY_CONFIGS["llama"], "hidden_act": "relu"},
     "llama-gelu-new": {**FAMILY_CONFIGS["llama"], "hidden_act": "gelu_new"},
 }
-_EAGER_ONLY = {"falcon-mqa", "deepseek_v2", "deepseek_v3", "gemma2"}
-_MOE = {"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3"}
+# gpt-oss: transformers refuses SDPA (attention sinks); eager is its default.
+_EAGER_ONLY = {"falcon-mqa", "deepseek_v2", "deepseek_v3", "gemma2", "gpt_oss", "gpt_oss-layer-types"}
+_MOE = {"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "olmoe", "olmoe-clip-norm-topk"}
 _SKIP = {"gemma3"}  # multimodal wrapper: its text tower is gemma3_text, covered below
+#: Decoder layers compared, one of each kind the config has (default: layer 1).
+_LAYERS = {
+    "gpt_oss": (1, 2),  # full, sliding
+    "gpt_oss-layer-types": (1, 3),  # sliding, full
+    "smollm3-nope-sliding": (1, 2),  # NoPE sliding, RoPE full
+    "smollm3": (2, 3),  # RoPE, NoPE
+    "cohere2": (1, 3),  # sliding with RoPE, full NoPE
+    "glm4_moe": (0, 1),  # dense, MoE
+    "glm4_moe-two-shared": (1, 2),  # dense, MoE
+}
 
 
-def _cases() -> list[tuple[str, str, str]]:
+def _cases() -> list[tuple[str, str, str, int]]:
     cases = []
     for family in _CONFIGS:
         if family in _SKIP:
@@ -66,7 +77,7 @@ def _cases() -> list[tuple[str, str, str]]:
             for attention in ("sdpa", "eager"):
                 if attention == "sdpa" and family in _EAGER_ONLY:
                     continue
-                cases.append((family, precision, attention))
+                cases += [(family, precision, attention, layer) for layer in _LAYERS.get(family, (1,))]
     return cases
 
 
@@ -90,14 +101,14 @@ def _tolerance(family: str, precision: str) -> float:
     return 0.015 if (layer_norm and precision == "bf16") else 0.0
 
 
-@pytest.mark.parametrize(("family", "precision", "attention"), _cases())
-def test_layer_recipe_matches_autograd(family: str, precision: str, attention: str) -> None:
+@pytest.mark.parametrize(("family", "precision", "attention", "layer"), _cases())
+def test_layer_recipe_matches_autograd(family: str, precision: str, attention: str, layer: int) -> None:
     from hf_saved import layer_saved_bytes_per_token
 
     dtype = {"bf16": "bfloat16", "fp32": "float32"}[precision]
     config = _CONFIGS[family]
-    truth = layer_saved_bytes_per_token(config, dtype=dtype, attention=attention, seq=_SEQ)
-    ours = estimated_per_token(config, precision=precision, attention=attention)
+    truth = layer_saved_bytes_per_token(config, dtype=dtype, attention=attention, seq=_SEQ, layer=layer)
+    ours = estimated_per_token(config, precision=precision, attention=attention, layer=layer)
     assert ours == pytest.approx(truth, rel=_tolerance(family, precision), abs=0.5)
 
 
@@ -131,7 +142,7 @@ def test_dropout_masks_are_one_byte_per_element_on_cuda() -> None:
     assert cpu[True] - cpu[False] == ours[True] - ours[False] + 3 * mask_elements
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "gemma", "qwen3", "smollm3-nope-sliding", "cohere2"])
 def test_autocast_recipe_matches_autograd(family: str) -> None:
     """Mixed precision (fp32 weights under bf16 autocast): the residual stream is fp32 and every
     RMSNorm returns fp32 (Gemma's ``output.type_as(x)`` too), so each projection after a norm
@@ -143,7 +154,7 @@ def test_autocast_recipe_matches_autograd(family: str) -> None:
     assert estimated_per_token(config, precision="mixed-bf16", attention="sdpa") == pytest.approx(truth, abs=0.5)
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3"])
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "olmoe", "glm4_moe", "gpt_oss"])
 def test_autocast_moe_recipe_matches_autograd(family: str) -> None:
     """Mixed precision on an MoE layer: transformers' experts multiply with ``grouped_mm`` in
     their fp32 weights' dtype (not autocast's bf16), and each linear reading the block's fp32

@@ -91,6 +91,46 @@ CASES = [
         "quantization_config.bits: 5 is not supported",
     ),
     ("top level list", [LLAMA], "expected a JSON object, got list"),
+    (
+        "gpt_oss layer_types length",
+        {**FAMILY_CONFIGS["gpt_oss"], "layer_types": ["full_attention"]},
+        "key 'layer_types' has 1 entries for 3 layers",
+    ),
+    (
+        "gpt_oss sliding layers without a window",
+        {**FAMILY_CONFIGS["gpt_oss"], "sliding_window": None},
+        "key 'sliding_window' must be a positive integer when layers use sliding_attention",
+    ),
+    (
+        "gpt_oss mxfp4 dequantize",
+        {**FAMILY_CONFIGS["gpt_oss"], "quantization_config": {"quant_method": "mxfp4", "dequantize": "yes"}},
+        "key 'quantization_config.dequantize' must be true or false",
+    ),
+    (
+        "smollm3 no_rope_layers too short",
+        {**FAMILY_CONFIGS["smollm3"], "no_rope_layers": [1, 0]},
+        "key 'no_rope_layers' has 2 entries for 4 layers",
+    ),
+    (
+        "smollm3 no_rope_layers value",
+        {**FAMILY_CONFIGS["smollm3"], "no_rope_layers": [1, 2, 1, 0]},
+        "key 'no_rope_layers' must hold 1 (RoPE) or 0 (NoPE) per layer",
+    ),
+    (
+        "cohere2 more heads than hidden",
+        {**FAMILY_CONFIGS["cohere2"], "num_attention_heads": 128, "num_key_value_heads": 128},
+        "key 'num_attention_heads' must not exceed hidden_size 64",
+    ),
+    (
+        "glm4_moe groups",
+        {**FAMILY_CONFIGS["glm4_moe"], "n_group": 3},
+        "key 'n_group' must divide n_routed_experts (8), got 3",
+    ),
+    (
+        "olmoe heads",
+        {**FAMILY_CONFIGS["olmoe"], "num_attention_heads": 3},
+        "key 'num_attention_heads' must divide hidden_size 64",
+    ),
 ]
 
 

@@ -45,7 +45,7 @@ from vramlens.estimate.styles import NormStyle
 from vramlens.model.spec import MlpKind, ModelSpec, QKNorm
 from vramlens.workload.options import AttentionImpl
 
-__all__ = ["LayerRecipe", "Part", "TrainState", "layer_saved_parts", "norm_saved"]
+__all__ = ["LayerRecipe", "Part", "TrainState", "ffn_saved_parts", "layer_saved_parts", "norm_saved"]
 
 
 def _qk_norm_parts(recipe: LayerRecipe, q: int, kv: int) -> list[Part]:
@@ -122,7 +122,10 @@ def _attention_core(recipe: LayerRecipe, widths: _Widths, *, sliding: bool) -> l
         return parts
     repeat = heads // spec.num_kv_heads if spec.attn.mla is None else 1
     scores = heads * recipe.seq
-    upcast = recipe.style.eager_softmax_fp32 and a != FP32  # .to(fp32) is a no-op on fp32 scores
+    # .to(fp32) is a no-op on fp32 scores. gpt-oss softmaxes in its scores' dtype, which under autocast
+    # the fp32 mask and sinks make fp32; the probabilities are then cast to the values' dtype (a copy).
+    sinks_fp32 = spec.attn.sinks and recipe.autocast
+    upcast = (recipe.style.eager_softmax_fp32 or sinks_fp32) and a != FP32
     parts = [
         Part(name="attention q", bytes_per_token=a * widths.q),
         Part(name="attention k, v (repeated to all heads)", bytes_per_token=a * (widths.k + widths.v) * repeat),
@@ -131,6 +134,13 @@ def _attention_core(recipe: LayerRecipe, widths: _Widths, *, sliding: bool) -> l
             bytes_per_token=(FP32 + a if upcast else a) * scores,
         ),
     ]
+    if spec.attn.sinks:
+        # gpt-oss: the softmax runs over each row's scores and its head's sink logit (s + 1 columns),
+        # after subtracting the row maximum, whose int64 index max() keeps for backward.
+        softmax_bytes = FP32 if upcast else a
+        parts.append(
+            Part(name="attention sink column and row-max indices", bytes_per_token=(softmax_bytes + 8) * heads)
+        )
     if spec.attn.logit_softcap:
         parts.append(Part(name="attention soft-cap tanh", bytes_per_token=a * scores))
     if spec.attn.dropout > 0:
@@ -159,6 +169,12 @@ def _attention_parts(recipe: LayerRecipe, input_bytes: int, *, sliding: bool) ->
     if spec.attn.mla is not None:
         parts += _mla_latent_parts(recipe)
     parts += _qk_norm_parts(recipe, widths.q, widths.k)
+    if spec.attn.clip_qkv:
+        # OLMoE clamp_()s q, k and v in place; autograd keeps each one's value from before the clamp
+        # (a clone). Under autocast the q/k norms multiply their bf16 output by fp32 weights: fp32.
+        qk = FP32 if recipe.autocast and spec.attn.qk_norm is not QKNorm.NONE else recipe.compute_bytes
+        clip = qk * (widths.q + widths.k) + recipe.compute_bytes * widths.v
+        parts.append(Part(name="q, k, v copies kept by the in-place clip_qkv", bytes_per_token=clip))
     parts += _attention_core(recipe, widths, sliding=sliding)
     out_width = widths.q if spec.attn.mla is None else widths.v
     copy = recipe.attention is AttentionImpl.EAGER or recipe.style.out_proj_copy
@@ -201,6 +217,18 @@ def _mlp_parts(recipe: LayerRecipe, input_bytes: int) -> list[Part]:
 
 def layer_saved_parts(recipe: LayerRecipe, *, moe_layer: bool, sliding: bool = False) -> list[Part]:
     """Every tensor one decoder layer keeps for backward, in bytes per token."""
+    attention, ffn = _layer_halves(recipe, moe_layer=moe_layer, sliding=sliding)
+    return attention + ffn
+
+
+def ffn_saved_parts(recipe: LayerRecipe, *, moe_layer: bool, sliding: bool = False) -> list[Part]:
+    """What a layer keeps from its feed-forward half (the pre-MLP norm on): not yet alive while its
+    attention runs in the forward pass, and freed before its attention's backward runs."""
+    return _layer_halves(recipe, moe_layer=moe_layer, sliding=sliding)[1]
+
+
+def _layer_halves(recipe: LayerRecipe, *, moe_layer: bool, sliding: bool) -> tuple[list[Part], list[Part]]:
+    """(attention half, feed-forward half) of :func:`layer_saved_parts`."""
     spec, style = recipe.spec, recipe.style
     residual = FP32 if recipe.autocast else recipe.compute_bytes
     h = spec.hidden_size
@@ -218,6 +246,7 @@ def layer_saved_parts(recipe: LayerRecipe, *, moe_layer: bool, sliding: bool = F
     parts += _attention_parts(recipe, attn_input, sliding=sliding)
     if style.post_attn_norm:
         parts += norm_saved(recipe, h, input_bytes=recipe.compute_bytes, name="post-attention norm")
+    attention, parts = parts, []
     shared_input = False
     if spec.parallel_residual:
         mlp_input = attn_input
@@ -239,4 +268,4 @@ def layer_saved_parts(recipe: LayerRecipe, *, moe_layer: bool, sliding: bool = F
         parts += norm_saved(recipe, h, input_bytes=recipe.compute_bytes, name="post-MLP norm")
     if spec.hidden_dropout > 0:
         parts.append(Part(name="residual dropout masks", bytes_per_token=2 * MASK * h, split=SEQUENCE))
-    return parts
+    return attention, parts

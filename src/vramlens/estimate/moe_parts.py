@@ -30,14 +30,10 @@ def moe_parts(recipe: LayerRecipe, input_bytes: int) -> list[Part]:
     trained = recipe.train.norms  # experts train only in full fine-tuning (3-D parameters are not LoRA targets)
     down_input = 1 if trained else 0
     parts = [
-        Part(
-            name="router probabilities and routing indices",
-            bytes_per_token=FP32 * e + FP32 + 4 * 8 * k + 2 * FP32 * k,
-            split=SEQUENCE,
-        ),
+        _router_part(recipe, k, e),
         Part(
             name="experts gate/up outputs and activation",
-            bytes_per_token=(gated_saved(moe.activation) + down_input) * x * i * k * c,
+            bytes_per_token=(_gate_saved(moe.activation) + down_input) * x * i * k * c,
         ),
         Part(name="experts output (weighted by the router)", bytes_per_token=x * h * k * c, split=SEQUENCE),
     ]
@@ -61,6 +57,49 @@ def moe_parts(recipe: LayerRecipe, input_bytes: int) -> list[Part]:
     if moe.shared_intermediate_size:
         parts += _shared_expert_parts(recipe)
     return parts
+
+
+#: Expert gates written out in a family's code instead of ``act_fn(gate) * up``: tensors of the
+#: expert width kept per routed copy up to the down projection's input (exclusive), the gate/up
+#: output (two widths, kept through its gate and up views) included.
+_CUSTOM_GATES = {
+    # GptOssExperts._apply_gate: gate = gate_up[..., ::2].clamp(max=limit) (keeps gate_up through
+    # the view), up = gate_up[..., 1::2].clamp(-limit, limit); glu = gate * sigmoid(gate * alpha)
+    # keeps the clamped gate and the sigmoid; (up + 1) * glu keeps both factors: 2 + 4 widths.
+    "clamped_swiglu": 6,
+}
+
+
+def _gate_saved(activation: str) -> int:
+    """Expert-width tensors a gated expert keeps before its down projection (see :func:`gated_saved`)."""
+    return _CUSTOM_GATES.get(activation) or gated_saved(activation)
+
+
+def _router_part(recipe: LayerRecipe, k: int, e: int) -> Part:
+    """The router's kept tensors and the grouped experts' int64 routing indices, per token.
+
+    Softmax-then-top-k routers (Mixtral, Qwen, OLMoE): the fp32 probabilities over the ``e``
+    experts, the top-k indices and three int64 indices per routed copy (sort permutation,
+    gather index, inverse permutation), the routing weights. Top-k-then-softmax (gpt-oss's
+    ``GptOssTopKRouter``): no expert-wide probabilities; the softmax over the k chosen logits and
+    the weights gathered per copy in the compute dtype, and one more int64 index per copy when the
+    experts have biases (``gate_up_proj_bias[expert_ids]``). Counted with saved-tensor hooks
+    (``tests/estimate/test_activations_hf.py``).
+    """
+    moe = recipe.spec.moe
+    assert moe is not None
+    if recipe.style.router_topk_first:
+        indices = 8 * k * (4 + (1 if moe.expert_bias else 0))
+        return Part(
+            name="router top-k softmax and routing indices",
+            bytes_per_token=indices + 2 * recipe.compute_bytes * k,
+            split=SEQUENCE,
+        )
+    return Part(
+        name="router probabilities and routing indices",
+        bytes_per_token=FP32 * e + FP32 + 4 * 8 * k + 2 * FP32 * k,
+        split=SEQUENCE,
+    )
 
 
 def _input_readers(recipe: LayerRecipe, *, trained: bool) -> list[str]:

@@ -19,7 +19,7 @@ from vramlens.estimate.layout import EMBED_NAMES, StageView, effective_quant
 from vramlens.estimate.logits import LogitsMemory, logits_memory
 from vramlens.estimate.optimizers import OptimizerModel, optimizer_model
 from vramlens.estimate.qlora import dequantized_bytes, with_head_weight_cast
-from vramlens.estimate.recompute import LayerActivations, layer_activations, train_state
+from vramlens.estimate.recompute import LayerActivations, eager_attention_working, layer_activations, train_state
 from vramlens.estimate.versions import older_than, rule_note
 from vramlens.model.modules import layer_linears
 from vramlens.report.model import Term
@@ -60,6 +60,8 @@ class StageMemory:
     end_working: int | None = None
     """The backward working set when only the embedding's backward is left (None: ``working``)."""
     forward_working: int = 0
+    masks: float = 0.0
+    """Attention masks alive during the forward only, bytes per token (see LayerActivations)."""
     step_temp: int = 0
     terms: list[Term] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -175,6 +177,7 @@ def _activations(ctx: TrainingContext, mem: StageMemory, acts: LayerActivations)
         ),
     )
     mem.recompute = int(acts.transient_per_token * tokens)
+    mem.masks = acts.masks_per_token
     h, a = ctx.spec.hidden_size, ctx.compute_bytes
     mem.inputs = mem.add("inputs (ids, labels)", Category.INPUTS, 16 * tokens, lambda: f"{tokens:,} tokens x 2 int64")
     rotary = 2 * a * ctx.spec.head_dim if stage.first else 0
@@ -241,8 +244,15 @@ def _working_sets(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str
     adapter_sum, adapter_grad = _adapter_transients(ctx, targets, inner)
     backward = a * (inner + h) + adapter_grad if recompute else a * (2 * inner + 2 * h)
     forward = (a * h + 2 * a * inner + adapter_sum) if recompute else max(4 * h + a * h, adapter_sum)
+    # Eager attention's score tensors come and go apart from the MLP's intermediates; a recomputed
+    # layer's forward runs inside the backward pass, its kept tensors counted as the transient.
+    over_kept, eager_backward, eager_forward = eager_attention_working(
+        ctx, train_state(ctx, targets), mem.stage.layer_range
+    )
+    forward = max(forward, eager_forward if recompute else over_kept)
+    backward = max(backward, eager_backward, over_kept if recompute else 0)
     mem.working = int(tokens * backward / tp)
-    mem.forward_working = int(tokens * forward / tp)
+    mem.forward_working = int(tokens * (forward / tp + mem.masks))
 
 
 def _adapter_transients(ctx: TrainingContext, targets: frozenset[str], inner: int) -> tuple[float, float]:

@@ -10,16 +10,18 @@ import math
 from dataclasses import dataclass, replace
 
 from vramlens.estimate._memo import memo
-from vramlens.estimate.activations import layer_saved_parts
+from vramlens.estimate.activations import ffn_saved_parts, layer_saved_parts
 from vramlens.estimate.context import TrainingContext
+from vramlens.estimate.eager_attention import eager_transients
 from vramlens.estimate.frameworks import NormImpl
 from vramlens.estimate.qlora import adapter_inputs_shared, base_output_bytes, kbit_prepared
 from vramlens.estimate.saved_parts import GATHERED, HEADS, SEQUENCE, LayerRecipe, Part, TrainState
 from vramlens.estimate.styles import hf_style
 from vramlens.model.modules import all_layer_linears
 from vramlens.workload.options import AttentionImpl, Framework, Method, Recompute
+from vramlens.workload.spec import ALL_LINEAR
 
-__all__ = ["LayerActivations", "layer_activations", "train_state"]
+__all__ = ["LayerActivations", "eager_attention_working", "layer_activations", "train_state"]
 
 
 def train_state(ctx: TrainingContext, targets: frozenset[str]) -> TrainState:
@@ -72,6 +74,9 @@ class LayerActivations:
     full_layer_parts: tuple[Part, ...]
     """The saved tensors of one full (not recomputed) layer, for the explanation."""
     notes: tuple[str, ...]
+    masks_per_token: float = 0.0
+    """Attention masks alive while the layers run forward but kept by no one for backward
+    (without recompute; a checkpointed layer keeps its mask argument, counted in ``saved``)."""
 
 
 def _per_token(parts: list[Part], tp: int, sequence_parallel: bool) -> float:
@@ -137,6 +142,12 @@ def layer_activations(ctx: TrainingContext, state: TrainState, layer_range: rang
 def _build_layer_activations(ctx: TrainingContext, state: TrainState, layer_range: range) -> LayerActivations:
     notes: list[str] = []
     recipe = _recipe(ctx, state, notes)
+    lora = ctx.method in (Method.LORA, Method.QLORA) and ctx.workload.lora.targets == ALL_LINEAR
+    if lora and ctx.spec.is_moe and recipe.style.peft_wraps_experts:
+        notes.append(
+            "lora.targets all-linear: PEFT also adapts this MoE model's 3-D expert weights (merged weights kept "
+            "for backward), which is not counted here: the estimate is low; list the targets to leave experts out"
+        )
     return _layer_activations(ctx, recipe, layer_range, notes)
 
 
@@ -177,18 +188,48 @@ def _layer_activations(
     example = max(kinds, key=lambda key: full[key]) if kinds else (False, False)
     parts = tuple(layer_saved_parts(recipe, moe_layer=example[0], sliding=example[1]))
     masks = _mask_bytes(ctx, recipe, kinds)
+    # Eager adds its masks to the scores and SDPA turns them into a per-call bias: autograd keeps
+    # neither; they live in the model's forward until it returns, unless a checkpoint keeps them
+    # as a layer input (found against the simulator on SmolLM3 and gpt-oss with sliding windows).
+    checkpointed = policy is not Recompute.NONE
     return LayerActivations(
-        saved_per_token=saved + masks, transient_per_token=transient, full_layer_parts=parts, notes=tuple(notes)
+        saved_per_token=saved + (masks if checkpointed else 0.0),
+        transient_per_token=transient,
+        full_layer_parts=parts,
+        notes=tuple(notes),
+        masks_per_token=0.0 if checkpointed else masks,
     )
 
 
 def _mask_bytes(ctx: TrainingContext, recipe: LayerRecipe, kinds: dict[tuple[bool, bool], int]) -> float:
     """Materialized 4-D attention masks ([batch, 1, seq, seq], one per mask kind, shared by all layers):
-    eager attention always builds them; SDPA only for sliding-window layers; flash attention
+    eager attention always builds them, additive in the compute dtype; SDPA only for sliding-window
+    layers, boolean (``masking_utils.sdpa_mask``: one byte per element); flash attention
     (flash_attention_2, which applies the window itself) never."""
     sliding = any(key[1] for key in kinds)
     if recipe.attention is AttentionImpl.EAGER:
         count = 2 if sliding and len({key[1] for key in kinds}) > 1 else 1
-    else:
-        count = 1 if sliding and recipe.attention is not AttentionImpl.FLASH else 0
-    return count * recipe.compute_bytes * recipe.seq
+        return count * recipe.compute_bytes * recipe.seq
+    count = 1 if sliding and recipe.attention is not AttentionImpl.FLASH else 0
+    return count * recipe.seq
+
+
+def eager_attention_working(ctx: TrainingContext, state: TrainState, layer_range: range) -> tuple[float, float, float]:
+    """Eager attention's score tensors in the last layer of ``layer_range``, bytes per token on one rank:
+    (forward beyond the kept probabilities, backward, forward with nothing kept), each less that
+    layer's feed-forward half, which is not yet alive when its attention runs forward and already
+    freed when its attention runs backward (see :mod:`vramlens.estimate.eager_attention`)."""
+    if ctx.attention is not AttentionImpl.EAGER or not layer_range:
+        return 0.0, 0.0, 0.0
+    workload = ctx.workload
+    tp = workload.parallel.tp
+    recipe = _recipe(ctx, state, [])
+    layer = ctx.spec.layers[layer_range[-1]]
+    sliding = layer.window is not None and layer.window < workload.seq
+    ffn = _per_token(ffn_saved_parts(recipe, moe_layer=layer.moe, sliding=sliding), tp, tp > 1)
+    a, autocast, seq = recipe.compute_bytes, recipe.autocast, recipe.seq
+    over_kept, backward = eager_transients(ctx.spec, recipe.style, compute_bytes=a, autocast=autocast, seq=seq, tp=tp)
+    everything = eager_transients(
+        ctx.spec, recipe.style, compute_bytes=a, autocast=autocast, seq=seq, tp=tp, kept=False
+    )[0]
+    return max(0.0, over_kept - ffn), max(0.0, backward - ffn), everything

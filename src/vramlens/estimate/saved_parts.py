@@ -122,6 +122,14 @@ def norm_saved(recipe: LayerRecipe, width: int, *, input_bytes: int, name: str) 
             Part(name=f"{name} input", bytes_per_token=input_bytes * width, split=SEQUENCE),
             Part(name=f"{name} mean+rstd", bytes_per_token=2 * STAT, split=SEQUENCE),
         ]
+    if style == NormStyle.COHERE:
+        parts = [
+            Part(name=f"{name} two fp32 centered copies (x - mean)", bytes_per_token=2 * FP32 * width, split=SEQUENCE),
+            Part(name=f"{name} rsqrt", bytes_per_token=STAT, split=SEQUENCE),
+        ]
+        if trained:
+            parts.append(Part(name=f"{name} fp32 normalized", bytes_per_token=FP32 * width, split=SEQUENCE))
+        return parts
     parts = [
         Part(name=f"{name} fp32 input", bytes_per_token=FP32 * width, split=SEQUENCE),
         Part(name=f"{name} rsqrt", bytes_per_token=STAT, split=SEQUENCE),

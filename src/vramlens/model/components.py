@@ -176,6 +176,8 @@ class AttentionSpec:
     """Attention-probability dropout during training."""
     sinks: bool = False
     """A learned sink logit per head joins every softmax (gpt-oss): ``num_heads`` more parameters."""
+    clip_qkv: bool = False
+    """Queries, keys and values are clamped in place (OLMoE ``clip_qkv``): autograd keeps a copy of each."""
 
     def __post_init__(self) -> None:
         _require(self.num_heads > 0, "attention.num_heads: must be a positive integer")
@@ -238,6 +240,10 @@ class MoeSpec:
     """A sigmoid gate Linear(h, 1) scaling the shared expert (Qwen2-MoE)."""
     router_score_bias: bool = False
     """A per-expert score-correction bias kept as a buffer, not a parameter (DeepSeek-V3)."""
+    router_bias: bool = False
+    """The router is a biased ``h -> E`` linear (gpt-oss): ``E`` more parameters per MoE layer."""
+    expert_bias: bool = False
+    """Every routed expert's projections have biases (gpt-oss: ``2i`` on gate/up, ``h`` on down)."""
     activation: str = "silu"
     """Experts' activation function."""
 

@@ -118,14 +118,15 @@ def mlp_parameters(mlp: MlpSpec, hidden: int) -> int:
 
 
 def expert_parameters(moe: MoeSpec, hidden: int) -> int:
-    """Elements of one routed expert (a bias-free MLP of width ``expert_intermediate_size``)."""
-    return _ffn_parameters(moe.expert_kind, hidden, moe.expert_intermediate_size, bias=False)
+    """Elements of one routed expert: an MLP of width ``expert_intermediate_size``, with biases
+    when ``expert_bias`` (gpt-oss ``gate_up_proj_bias`` [2i] and ``down_proj_bias`` [h])."""
+    return _ffn_parameters(moe.expert_kind, hidden, moe.expert_intermediate_size, bias=moe.expert_bias)
 
 
 def moe_parameters(moe: MoeSpec, hidden: int) -> tuple[int, int, int]:
     """Elements of one MoE block as ``(routed experts, shared experts + shared gate, router)``.
 
-    Router: ``E*h`` (a bias-free ``h -> E`` linear). Shared experts: one gated
+    Router: ``E*h`` (an ``h -> E`` linear, ``+E`` with gpt-oss's bias). Shared experts: one gated
     MLP of the total shared width, plus Qwen2-MoE's ``h -> 1`` shared gate.
     """
     routed = moe.num_experts * expert_parameters(moe, hidden)
@@ -134,7 +135,7 @@ def moe_parameters(moe: MoeSpec, hidden: int) -> tuple[int, int, int]:
         shared = _ffn_parameters(MlpKind.GATED, hidden, moe.shared_intermediate_size, bias=False)
     if moe.shared_expert_gate:
         shared += linear_parameters(hidden, 1, bias=False)
-    router = linear_parameters(hidden, moe.num_experts, bias=False)
+    router = linear_parameters(hidden, moe.num_experts, bias=moe.router_bias)
     return routed, shared, router
 
 

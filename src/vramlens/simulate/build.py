@@ -168,9 +168,12 @@ def attention_note(model: Any) -> str | None:
     """The assumption to report when the model runs the SDPA stand-in for its GPU kernel."""
     if getattr(model.config, "_attn_implementation", None) != KERNEL_STAND_IN:
         return None
+    from vramlens.estimate.styles import HF_STYLES, HfStyle
+
+    kernel = HF_STYLES.get(getattr(model.config, "model_type", ""), HfStyle()).gpu_kernel
     return (
         f"attention: {type(model).__name__} refuses SDPA in transformers; simulated with SDPA's flash path "
-        "standing in for flash-attention 2 (same saved tensors; soft-capping does not change memory)"
+        f"standing in for {kernel} (the same saved tensors; soft-capping and sinks do not change memory)"
     )
 
 

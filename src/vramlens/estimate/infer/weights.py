@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from vramlens.estimate.infer.context import InferenceContext
 from vramlens.estimate.infer.engines import VLLM
 from vramlens.estimate.infer.kv_cache import kv_heads_per_rank
+from vramlens.estimate.weight_format import Scheme
 from vramlens.model.components import MlpKind
 from vramlens.model.modules import LinearShape, layer_linears
 from vramlens.model.params import attention_parameters, mlp_parameters, moe_parameters, norm_parameters
@@ -105,7 +106,18 @@ def _layer_bytes(ctx: InferenceContext, moe_layer: bool, layer: int | None = Non
         assert spec.mlp is not None
         elements += mlp_parameters(spec.mlp, h) // tp
     rest = max(elements - linear_elements, 0)  # norms, biases, routers, q/k norms
-    return linear + rest * ctx.compute_bytes
+    return linear + rest * ctx.compute_bytes + _fp32_expert_bias_bytes(ctx, moe_layer)
+
+
+def _fp32_expert_bias_bytes(ctx: InferenceContext, moe_layer: bool) -> float:
+    """transformers' MXFP4 experts (``Mxfp4GptOssExperts``) keep their biases in float32: the
+    bytes beyond the compute dtype they are counted in above, on one rank (experts split ``ep``)."""
+    moe, fmt = ctx.spec.moe, ctx.weights
+    if not (moe_layer and moe is not None and moe.expert_bias and fmt is not None and fmt.scheme is Scheme.MXFP4):
+        return 0.0
+    widths = 2 * moe.expert_intermediate_size if moe.expert_kind is MlpKind.GATED else moe.expert_intermediate_size
+    per_expert = widths // ctx.tp + ctx.spec.hidden_size
+    return moe.num_experts / ctx.workload.parallel.ep * per_expert * max(4 - ctx.compute_bytes, 0)
 
 
 def _vocab_rows(ctx: InferenceContext) -> int:

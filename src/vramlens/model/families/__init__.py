@@ -31,7 +31,7 @@ __all__ = ["Parser", "parse_config", "register", "supported_model_types"]
 
 Parser = Callable[[ConfigView], ModelSpec]
 
-_FAMILY_MODULES = ("llama", "gemma", "phi", "gpt", "deepseek")
+_FAMILY_MODULES = ("llama", "gemma", "phi", "gpt", "deepseek", "gpt_oss", "olmoe", "smollm3", "cohere2", "glm4_moe")
 _PARSERS: dict[str, Parser] = {}
 _loaded = False
 
