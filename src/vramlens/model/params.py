@@ -166,7 +166,11 @@ class ParameterBreakdown:
     lm_head: int
     """The output projection (0 when tied, except a bias)."""
     extra: int = 0
-    """Parts outside the decoder stack (vision towers, projectors)."""
+    """Other parts outside the decoder stack."""
+    vision_tower: int = 0
+    """A multimodal model's vision tower (its image encoder)."""
+    projector: int = 0
+    """A multimodal model's projector from the vision tower to the text model's width."""
     persistent_buffers: int = 0
     """Elements of saved buffers that are not parameters (router score-correction biases)."""
 
@@ -184,8 +188,13 @@ class ParameterBreakdown:
             + self.norms
             + self.final_norm
             + self.lm_head
-            + self.extra
+            + self.outside_decoder
         )
+
+    @property
+    def outside_decoder(self) -> int:
+        """Parameters outside the text decoder (embedding and head aside): vision tower, projector, other."""
+        return self.extra + self.vision_tower + self.projector
 
     @property
     def non_embedding(self) -> int:
@@ -221,6 +230,8 @@ def parameter_breakdown(spec: ModelSpec) -> ParameterBreakdown:
         final_norm=norm_parameters(spec.norm, hidden) if spec.final_norm else 0,
         lm_head=lm_head,
         extra=sum(count for _, count in spec.extra_parameters),
+        vision_tower=spec.vision.tower_parameters if spec.vision is not None else 0,
+        projector=spec.vision.projector_parameters if spec.vision is not None else 0,
         persistent_buffers=moe_layers * spec.moe.num_experts if spec.moe and spec.moe.router_score_bias else 0,
     )
 

@@ -31,7 +31,7 @@ __all__ = ["Parser", "parse_config", "register", "supported_model_types"]
 
 Parser = Callable[[ConfigView], ModelSpec]
 
-_FAMILY_MODULES = ("llama", "gemma", "phi", "gpt", "deepseek")
+_FAMILY_MODULES = ("llama", "gemma", "phi", "gpt", "deepseek", "llama4", "qwen_vl", "mistral3")
 _PARSERS: dict[str, Parser] = {}
 _loaded = False
 
