@@ -226,7 +226,14 @@ MULTIMODAL_CONFIGS: dict[str, dict[str, Any]] = {
         "vision_config": {**_QWEN_VISION, "out_hidden_size": 64, "fullatt_block_indexes": [1], "window_size": 28},
     },
     "qwen2_5_vl-flat-tied-sliding": {
-        **_cfg("qwen2_5_vl", tie_word_embeddings=True, use_sliding_window=True, sliding_window=16, max_window_layers=1),
+        **_cfg(
+            "qwen2_5_vl",
+            tie_word_embeddings=True,
+            use_sliding_window=True,
+            sliding_window=16,
+            max_window_layers=1,
+            rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
+        ),
         "vision_config": {**_QWEN_VISION, "out_hidden_size": 64, "in_chans": 3, "spatial_patch_size": 14},
     },
     "qwen3_vl": {

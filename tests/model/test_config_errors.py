@@ -103,7 +103,11 @@ CASES += [
         without(FAMILY_CONFIGS["qwen2_5_vl"], "text_config"),
         "key 'text_config' is required for model_type 'qwen2_5_vl'",
     ),
-    ("mistral3 without vision", without(FAMILY_CONFIGS["mistral3"], "vision_config"), "key 'vision_config' is required"),
+    (
+        "mistral3 without vision",
+        without(FAMILY_CONFIGS["mistral3"], "vision_config"),
+        "key 'vision_config' is required",
+    ),
     ("text_config not an object", {**_L4, "text_config": [1]}, "key 'text_config' must be an object"),
     (
         "text part missing a size",
@@ -112,7 +116,10 @@ CASES += [
     ),
     (
         "mistral3 text type",
-        {**FAMILY_CONFIGS["mistral3"], "text_config": {**FAMILY_CONFIGS["mistral3"]["text_config"], "model_type": "gpt2"}},
+        {
+            **FAMILY_CONFIGS["mistral3"],
+            "text_config": {**FAMILY_CONFIGS["mistral3"]["text_config"], "model_type": "gpt2"},
+        },
         "[text_config]: key 'model_type' 'gpt2' is not a text decoder vramlens reads for mistral3",
     ),
     (

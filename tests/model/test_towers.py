@@ -86,9 +86,7 @@ def _check(config: dict[str, Any]) -> None:
             module.bias is not None,
         ), name
         found[(best.name, best.in_features, best.out_features, best.bias, best.part)] += 1
-    expected = Counter(
-        {(s.name, s.in_features, s.out_features, s.bias, s.part): s.count for s in spec.vision.linears}
-    )
+    expected = Counter({(s.name, s.in_features, s.out_features, s.bias, s.part): s.count for s in spec.vision.linears})
     assert found == expected
 
 

@@ -48,10 +48,16 @@ from vramlens.workload.options import AttentionImpl
 __all__ = ["LayerRecipe", "Part", "TrainState", "layer_saved_parts", "norm_saved"]
 
 
-def _qk_norm_parts(recipe: LayerRecipe, q: int, kv: int) -> list[Part]:
+def _qk_norm_parts(recipe: LayerRecipe, q: int, kv: int, *, rope: bool) -> list[Part]:
     attention = recipe.spec.attention
-    if attention.qk_norm is QKNorm.NONE:
+    if attention.qk_norm is QKNorm.NONE or (attention.qk_norm is QKNorm.L2 and not rope):
         return []
+    if attention.qk_norm is QKNorm.L2:
+        # Llama 4's parameter-free L2 norm of each head on rotary layers: an fp32 copy and one rsqrt per head.
+        return [
+            Part(name="q L2 norm fp32 input and rsqrt", bytes_per_token=FP32 * q + STAT * attention.num_heads),
+            Part(name="k L2 norm fp32 input and rsqrt", bytes_per_token=FP32 * kv + STAT * attention.num_kv_heads),
+        ]
     stats = (attention.num_heads, attention.num_kv_heads) if attention.qk_norm is QKNorm.PER_HEAD else (1, 1)
     parts = []
     if recipe.style.norm == NormStyle.LAYERNORM:
@@ -150,7 +156,7 @@ def _mla_latent_parts(recipe: LayerRecipe) -> list[Part]:
     return parts
 
 
-def _attention_parts(recipe: LayerRecipe, input_bytes: int, *, sliding: bool) -> list[Part]:
+def _attention_parts(recipe: LayerRecipe, input_bytes: int, *, sliding: bool, rope: bool) -> list[Part]:
     spec = recipe.spec
     h = spec.hidden_size
     widths = _widths(spec)
@@ -158,7 +164,7 @@ def _attention_parts(recipe: LayerRecipe, input_bytes: int, *, sliding: bool) ->
     parts += lora_parts(recipe, "attn_in", h, input_bytes=input_bytes)
     if spec.attention.mla is not None:
         parts += _mla_latent_parts(recipe)
-    parts += _qk_norm_parts(recipe, widths.q, widths.k)
+    parts += _qk_norm_parts(recipe, widths.q, widths.k, rope=rope)
     parts += _attention_core(recipe, widths, sliding=sliding)
     out_width = widths.q if spec.attention.mla is None else widths.v
     copy = recipe.attention is AttentionImpl.EAGER or recipe.style.out_proj_copy
@@ -199,8 +205,10 @@ def _mlp_parts(recipe: LayerRecipe, input_bytes: int) -> list[Part]:
     return parts
 
 
-def layer_saved_parts(recipe: LayerRecipe, *, moe_layer: bool, sliding: bool = False) -> list[Part]:
-    """Every tensor one decoder layer keeps for backward, in bytes per token."""
+def layer_saved_parts(recipe: LayerRecipe, *, moe_layer: bool, sliding: bool = False, rope: bool = True) -> list[Part]:
+    """Every tensor one decoder layer keeps for backward, in bytes per token. ``sliding``: the
+    layer's attention is masked (a sliding window or an attention chunk shorter than the
+    sequence); ``rope``: it applies rotary embeddings (False for Llama 4's NoPE layers)."""
     spec, style = recipe.spec, recipe.style
     residual = FP32 if recipe.autocast else recipe.compute_bytes
     h = spec.hidden_size
@@ -215,7 +223,7 @@ def layer_saved_parts(recipe: LayerRecipe, *, moe_layer: bool, sliding: bool = F
         attn_input = norm_out
     else:
         attn_input = residual
-    parts += _attention_parts(recipe, attn_input, sliding=sliding)
+    parts += _attention_parts(recipe, attn_input, sliding=sliding, rope=rope)
     if style.post_attn_norm:
         parts += norm_saved(recipe, h, input_bytes=recipe.compute_bytes, name="post-attention norm")
     shared_input = False

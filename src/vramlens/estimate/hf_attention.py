@@ -12,7 +12,8 @@ attention logits; ``_supports_flash_attn = True``: flash-attention 2 soft-caps i
 So for a family without SDPA (``HfStyle.sdpa``): ``auto`` and ``eager`` are eager attention
 (the s x s probabilities kept), ``flash`` is flash-attention 2 (O(s), no mask: it applies
 sliding windows and GQA itself), ``sdpa`` and ``efficient`` (SDPA's memory-efficient
-backend) are errors, as in transformers.
+backend) are errors, as in transformers. A family without flash-attention 2 (``HfStyle.flash``:
+Llama 4, whose chunked attention flash cannot mask) refuses ``flash`` the same way.
 """
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ def hf_attention_kernel(
     the framework default replaced ``auto``. Raises :class:`InputError` for ``sdpa`` and
     ``efficient`` on a family whose transformers class refuses SDPA."""
     style = hf_style(model_type)
+    if resolved is AttentionImpl.FLASH and not style.flash:
+        raise InputError(
+            f"attention: {requested} - transformers has no flash-attention 2 for {model_type} (its class sets "
+            "_supports_flash_attn = False); accepted: auto or sdpa (SDPA), eager"
+        )
     if style.sdpa or resolved is AttentionImpl.EAGER:
         return resolved, ""
     if requested is AttentionImpl.AUTO:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from vramlens.estimate.moe_dense import dense_expert_parts
 from vramlens.estimate.saved_parts import FP32, GATHERED, SEQUENCE, LayerRecipe, Part, gated_saved
 
 __all__ = ["expert_bytes", "moe_parts"]
@@ -29,20 +30,23 @@ def moe_parts(recipe: LayerRecipe, input_bytes: int) -> list[Part]:
     c = recipe.moe_capacity
     trained = recipe.train.norms  # experts train only in full fine-tuning (3-D parameters are not LoRA targets)
     down_input = 1 if trained else 0
-    parts = [
-        Part(
-            name="router probabilities and routing indices",
-            bytes_per_token=FP32 * e + FP32 + 4 * 8 * k + 2 * FP32 * k,
-            split=SEQUENCE,
-        ),
-        Part(
-            name="experts gate/up outputs and activation",
-            bytes_per_token=(gated_saved(moe.activation) + down_input) * x * i * k * c,
-        ),
-        Part(name="experts output (weighted by the router)", bytes_per_token=x * h * k * c, split=SEQUENCE),
-    ]
-    if trained:
-        parts.append(Part(name="experts gathered inputs", bytes_per_token=x * h * k * c, split=SEQUENCE))
+    if recipe.style.dense_experts:
+        parts = dense_expert_parts(recipe)
+    else:
+        parts = [
+            Part(
+                name="router probabilities and routing indices",
+                bytes_per_token=FP32 * e + FP32 + 4 * 8 * k + 2 * FP32 * k,
+                split=SEQUENCE,
+            ),
+            Part(
+                name="experts gate/up outputs and activation",
+                bytes_per_token=(gated_saved(moe.activation) + down_input) * x * i * k * c,
+            ),
+            Part(name="experts output (weighted by the router)", bytes_per_token=x * h * k * c, split=SEQUENCE),
+        ]
+        if trained:
+            parts.append(Part(name="experts gathered inputs", bytes_per_token=x * h * k * c, split=SEQUENCE))
     shared_inputs = moe.shared_intermediate_size and any(
         s.group == "mlp_in" and s.name in recipe.train.needs_input for s in recipe.linears
     )

@@ -64,6 +64,12 @@ class HfStyle:
     blocks (Phi, GPT-NeoX); GPT2Block holds both (``attn_output`` is a local)."""
     rope_sets: int = 1
     """Rotary (cos, sin) tables the model computes once per forward (Gemma 3: local and global)."""
+    dense_experts: bool = False
+    """Every routed expert runs on every token (Llama 4: ``torch.bmm`` over all experts on
+    copies of the input scaled by a sigmoid router score, zero for the unrouted ones);
+    see :func:`vramlens.estimate.moe_dense.dense_expert_parts`."""
+    flash: bool = True
+    """transformers supports flash-attention 2 for this family (Llama 4 does not)."""
 
 
 HF_STYLES: Final[dict[str, HfStyle]] = {
@@ -89,6 +95,14 @@ HF_STYLES: Final[dict[str, HfStyle]] = {
     "gpt_neox": HfStyle(norm=NormStyle.LAYERNORM, out_proj_copy=True, qkv_views=True),
     "falcon": HfStyle(norm=NormStyle.LAYERNORM, eager_softmax_fp32=False, sdpa_mask=True, qkv_views=True),
     "starcoder2": HfStyle(norm=NormStyle.LAYERNORM),
+    # Multimodal wrappers keep their text decoder's style (the vision side computes nothing on text batches).
+    "llama4_text": HfStyle(eager_softmax_fp32=False, dense_experts=True, flash=False),
+    "llama4": HfStyle(eager_softmax_fp32=False, dense_experts=True, flash=False),
+    "qwen2_5_vl": HfStyle(),
+    "qwen3_vl": HfStyle(),
+    "qwen3_vl_moe": HfStyle(),
+    "mistral3": HfStyle(),
+    "ministral3": HfStyle(),
 }
 
 

@@ -144,4 +144,3 @@ def parse_llama4(view: ConfigView) -> ModelSpec:
     spec = parse_llama4_text(text)
     vision = llama4_vision(vision_view, text_hidden=spec.hidden_size)
     return wrap_text_spec(view, "llama4", spec, vision, tie_word_embeddings=spec.tie_word_embeddings)
-

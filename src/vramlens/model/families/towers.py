@@ -26,7 +26,9 @@ from vramlens.model.spec import TowerLinear, VisionSpec
 __all__ = ["llama4_vision", "pixtral_vision", "qwen2_5_vl_vision", "qwen3_vl_vision", "siglip_vision"]
 
 
-def _spec(kind: str, linears: list[TowerLinear], *, other_tower: int, other_projector: int, hidden: int, layers: int) -> VisionSpec:
+def _spec(
+    kind: str, linears: list[TowerLinear], *, other_tower: int, other_projector: int, hidden: int, layers: int
+) -> VisionSpec:
     """Assemble a spec from the linears and the parameters outside them (norms, convolutions, tables)."""
     tower = sum(s.parameters for s in linears if s.part != PROJECTOR) + other_tower
     projector = sum(s.parameters for s in linears if s.part == PROJECTOR) + other_projector
@@ -185,10 +187,14 @@ def qwen3_vl_vision(view: ConfigView) -> VisionSpec:
     merged = hidden * merge * merge
     mergers = 1 + len(deepstack)
     linears = _qwen_blocks(hidden, inner, layers, gated=False) + [
-        TowerLinear(name="linear_fc1", in_features=merged, out_features=merged, bias=True, part=PROJECTOR, count=mergers),
+        TowerLinear(
+            name="linear_fc1", in_features=merged, out_features=merged, bias=True, part=PROJECTOR, count=mergers
+        ),
         TowerLinear(name="linear_fc2", in_features=merged, out_features=out, bias=True, part=PROJECTOR, count=mergers),
     ]
-    tower_other = _qwen_patch(view, hidden, patch_default=16, why=why) + hidden + positions * hidden + layers * 4 * hidden
+    tower_other = (
+        _qwen_patch(view, hidden, patch_default=16, why=why) + hidden + positions * hidden + layers * 4 * hidden
+    )
     projector_other = 2 * hidden + len(deepstack) * 2 * merged
     return _spec(
         "qwen3_vl", linears, other_tower=tower_other, other_projector=projector_other, hidden=hidden, layers=layers
@@ -219,7 +225,9 @@ def llama4_vision(view: ConfigView, *, text_hidden: int) -> VisionSpec:
     adapter_out = view.integer("projector_output_dim", default=4096, why=why)
     output = view.integer("vision_output_dim", default=7680, why=why)
     linears = [
-        TowerLinear(name="patch_embedding.linear", in_features=channels * patch * patch, out_features=hidden, bias=False),
+        TowerLinear(
+            name="patch_embedding.linear", in_features=channels * patch * patch, out_features=hidden, bias=False
+        ),
         *(
             TowerLinear(name=f"self_attn.{name}", in_features=hidden, out_features=hidden, bias=True, count=layers)
             for name in ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -229,7 +237,11 @@ def llama4_vision(view: ConfigView, *, text_hidden: int) -> VisionSpec:
         TowerLinear(name="vision_adapter.mlp.fc1", in_features=inner, out_features=adapter_in, bias=False),
         TowerLinear(name="vision_adapter.mlp.fc2", in_features=adapter_out, out_features=adapter_out, bias=False),
         TowerLinear(
-            name="multi_modal_projector.linear_1", in_features=output, out_features=text_hidden, bias=False, part=PROJECTOR
+            name="multi_modal_projector.linear_1",
+            in_features=output,
+            out_features=text_hidden,
+            bias=False,
+            part=PROJECTOR,
         ),
     ]
     positions = (image // patch) ** 2 + 1
