@@ -84,16 +84,18 @@ def attention_mask_bytes(
     """4-D attention masks transformers builds once per forward (shared by the layers).
 
     Units: bytes. Eager: one additive ``batch x seq_q x seq_kv`` mask in the compute dtype per
-    attention kind (full, sliding). SDPA: none for causal attention (``is_causal``), a boolean
-    one per sliding window shorter than the keys. Flash attention: none.
+    attention kind (full, sliding, chunked). SDPA: none for causal attention (``is_causal``), a
+    boolean one per sliding window shorter than the keys or attention chunk they reach. Flash
+    attention: none.
     Source: transformers masking_utils.py (sdpa_mask, eager_mask, _ignore_causal_mask_sdpa).
     """
-    windows = {layer.window for layer in spec.layers}
+    kinds = {(layer.window, layer.chunk) for layer in spec.layers}
     if attention is AttentionImpl.EAGER:
-        return len(windows) * batch * seq_q * seq_kv * compute_bytes
+        return len(kinds) * batch * seq_q * seq_kv * compute_bytes
     if attention is AttentionImpl.FLASH:
         return 0
-    biting = {w for w in windows if w is not None and w < seq_kv}
+    # A sliding window masks once the keys outnumber it, an attention chunk once they reach it.
+    biting = {(w, c) for w, c in kinds if (w is not None and w < seq_kv) or (c is not None and c <= seq_kv)}
     return len(biting) * batch * seq_q * seq_kv
 
 
