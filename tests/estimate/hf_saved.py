@@ -37,9 +37,7 @@ def _build(config: dict[str, Any], dtype: Any, attention: str) -> Any:
 
 def _decoder_layers(model: Any) -> Any:
     """The text decoder's layer list (a multimodal model's vision encoder has one too)."""
-    found = [
-        (name, module) for name, module in model.named_modules() if name.endswith("layers") or name.endswith(".h")
-    ]
+    found = [(name, module) for name, module in model.named_modules() if name.endswith("layers") or name.endswith(".h")]
     for name, module in found:
         if "language_model" in name:
             return module

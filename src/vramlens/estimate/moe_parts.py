@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from vramlens.estimate.moe_dense import dense_expert_parts
-from vramlens.estimate.saved_parts import FP32, GATHERED, SEQUENCE, LayerRecipe, Part, gated_saved
+from vramlens.estimate.saved_parts import FP32, GATHERED, SEQUENCE, LayerRecipe, Part, gated_saved, lora_parts
+from vramlens.model.modules import shared_expert_prefix
 
 __all__ = ["expert_bytes", "moe_parts"]
 
@@ -75,7 +76,7 @@ def _input_readers(recipe: LayerRecipe, *, trained: bool) -> list[str]:
     readers = ["router"] if trained else []
     if moe.shared_expert_gate and trained:
         readers.append("shared expert gate")
-    prefix = "shared_expert." if moe.shared_expert_gate else "shared_experts."
+    prefix = shared_expert_prefix(recipe.spec)
     readers += [
         s.name
         for s in recipe.linears
@@ -104,6 +105,9 @@ def _shared_expert_parts(recipe: LayerRecipe) -> list[Part]:
     parts = [Part(name="shared expert activations", bytes_per_token=gated_saved(moe.activation) * a * width)]
     if any(s.group == "mlp_out" and s.name in recipe.train.needs_input for s in recipe.linears):
         parts.append(Part(name="shared expert down input", bytes_per_token=a * width))
+    # LoRA adapters on the shared expert's projections (the dense MLP's are counted in dense layers).
+    parts += lora_parts(recipe, "mlp_in", recipe.spec.hidden_size, input_bytes=a, shared_expert=True)
+    parts += lora_parts(recipe, "mlp_out", width, input_bytes=a, shared_expert=True)
     if moe.shared_expert_gate:
         # sigmoid(gate(x)) * shared_expert(x) keeps both factors.
         parts.append(

@@ -70,6 +70,9 @@ class HfStyle:
     see :func:`vramlens.estimate.moe_dense.dense_expert_parts`."""
     flash: bool = True
     """transformers supports flash-attention 2 for this family (Llama 4 does not)."""
+    all_linear_lora: bool = True
+    """PEFT's ``all-linear`` LoRA runs on this family. Llama 4's ``Llama4Router`` subclasses
+    ``nn.Linear`` but returns a tuple: PEFT wraps it and its forward fails."""
 
 
 HF_STYLES: Final[dict[str, HfStyle]] = {
@@ -96,8 +99,11 @@ HF_STYLES: Final[dict[str, HfStyle]] = {
     "falcon": HfStyle(norm=NormStyle.LAYERNORM, eager_softmax_fp32=False, sdpa_mask=True, qkv_views=True),
     "starcoder2": HfStyle(norm=NormStyle.LAYERNORM),
     # Multimodal wrappers keep their text decoder's style (the vision side computes nothing on text batches).
-    "llama4_text": HfStyle(eager_softmax_fp32=False, dense_experts=True, flash=False),
-    "llama4": HfStyle(eager_softmax_fp32=False, dense_experts=True, flash=False),
+    # Llama4TextDecoderLayer keeps its attention output (``attention_states``) through the MLP.
+    "llama4_text": HfStyle(
+        eager_softmax_fp32=False, dense_experts=True, flash=False, all_linear_lora=False, mlp_held=2
+    ),
+    "llama4": HfStyle(eager_softmax_fp32=False, dense_experts=True, flash=False, all_linear_lora=False, mlp_held=2),
     "qwen2_5_vl": HfStyle(),
     "qwen3_vl": HfStyle(),
     "qwen3_vl_moe": HfStyle(),

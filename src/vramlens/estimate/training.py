@@ -22,6 +22,7 @@ from vramlens.estimate.context import TrainingContext, resolve_training
 from vramlens.estimate.layout import param_layout
 from vramlens.estimate.quantities import StageMemory, stage_memory
 from vramlens.estimate.runtime import CUBLAS_WORKSPACE_BYTES, runtime_memory
+from vramlens.estimate.vision import vision_notes
 from vramlens.hardware import GpuSpec
 from vramlens.model.spec import ModelSpec
 from vramlens.report.model import MemoryReport, PhaseMemory
@@ -187,7 +188,7 @@ def estimate_training(spec: ModelSpec, workload: Workload, *, gpu: GpuSpec | Non
         allocated, fragmentation=ctx.profile.fragmentation, gpus=workload.parallel.gpus, paged_bytes=mem.paged_states
     )
     reserved = allocated + runtime.allocator_slack
-    notes = [*ctx.assumptions, *dict.fromkeys(mem.notes)]
+    notes = [*ctx.assumptions, *vision_notes(ctx), *dict.fromkeys(mem.notes)]
     if len(layout.stages) > 1:
         notes.append(f"pipeline parallel: reporting the {mem.stage.name}, the busier of the first and last stages")
     return MemoryReport(

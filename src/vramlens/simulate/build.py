@@ -175,12 +175,16 @@ def attention_note(model: Any) -> str | None:
 
 
 def _from_config(spec: ModelSpec, config: Any, dtype: Any) -> Any:
+    """The model class the spec describes: a multimodal spec (``spec.vision``) is the whole
+    image-text-to-text model, vision tower included (``AutoModelForCausalLM`` maps some of
+    these types to their text model alone: Llama 4); anything else the causal LM."""
     torch = require("torch", purpose="vramlens simulate")
     transformers = require("transformers", purpose="vramlens simulate")
+    auto = transformers.AutoModelForImageTextToText if spec.vision is not None else transformers.AutoModelForCausalLM
     try:
         with warnings.catch_warnings(), torch.device("meta"):
             warnings.simplefilter("ignore")
-            return transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+            return auto.from_config(config, dtype=dtype)
     except (ValueError, KeyError, AttributeError, TypeError, RuntimeError) as error:
         if "scaled_dot_product_attention" in str(error) and config._attn_implementation == "sdpa":
             _register_stand_in()
@@ -201,6 +205,8 @@ def build_model(
     from vramlens.simulate.quant import nf4_settings, quantize_model, use_bnb_lora_forward
 
     model = _from_config(spec, hf_config(spec, attention), dtype)
+    if workload.method.value in ("lora", "qlora") and workload.lora.targets == ALL_LINEAR:
+        _check_all_linear(model)
     compute = spec.quantization.compute_dtype if spec.quantization is not None else None
     nf4 = nf4_settings(workload, dtype=dtype, weights=weights, compute=compute)
     if nf4 is not None:
@@ -215,6 +221,21 @@ def build_model(
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         base.tie_weights()
     return model
+
+
+def _check_all_linear(model: Any) -> None:
+    """Refuse ``all-linear`` LoRA on a model with an ``nn.Linear`` subclass that has its own
+    forward (Llama 4's router returns a tuple): PEFT wraps it and its forward fails."""
+    torch = require("torch", purpose="vramlens simulate")
+    linear = torch.nn.Linear
+    odd = sorted(
+        {type(m).__name__ for m in model.modules() if isinstance(m, linear) and type(m).forward is not linear.forward}
+    )
+    if odd:
+        raise SimulationError(
+            f"lora.targets: all-linear would wrap {', '.join(odd)} (an nn.Linear with its own forward), which PEFT's "
+            "LoRA forward cannot run; list the modules to adapt"
+        )
 
 
 def _with_lora(model: Any, workload: Workload) -> Any:

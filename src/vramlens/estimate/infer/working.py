@@ -141,12 +141,29 @@ def _mlp_elements(spec: ModelSpec, tokens: int, tp: int, *, moe_layer: bool, fus
         shared = 3 * tokens * moe.shared_intermediate_size // tp
         if fused:  # fused_moe intermediate caches over all routed (token, expert) pairs
             return tokens * experts + tokens * k * (3 * inner + spec.hidden_size) + shared
-        share = math.ceil(tokens * k / experts)
         router = 5 * tokens * experts  # logits, float32 softmax and top-k weights (~5 bf16 elements)
+        if hf_style(spec.model_type).dense_experts:
+            return router + dense_experts_elements(spec, tokens, tp)
+        share = math.ceil(tokens * k / experts)
         return router + tokens * spec.hidden_size + share * (3 * inner + spec.hidden_size) + shared
     assert spec.mlp is not None
     width = 2 if spec.mlp.kind is MlpKind.PLAIN else 3
     return width * tokens * spec.mlp.intermediate_size // tp
+
+
+def dense_experts_elements(spec: ModelSpec, tokens: int, tp: int) -> int:
+    """Peak intermediates of Llama 4's experts (every expert on every token, no grad), elements.
+
+    ``E x tokens`` rows: the input copies and their score-scaled product (``2h`` while the
+    product is made), then in ``Llama4TextExperts`` the scaled input (``h``), the fused
+    gate/up output (``2i``), the activation and the product (``i`` each), then the down output
+    (``h``) beside the scaled input, the gate/up output and the product: the larger of
+    ``h + 4i`` and ``2h + 3i`` per row. Source: transformers ``modeling_llama4.py``."""
+    moe = spec.moe
+    assert moe is not None
+    h, inner = spec.hidden_size, moe.expert_intermediate_size // tp
+    rows = tokens * moe.num_experts
+    return rows * max(2 * h, h + 4 * inner, 2 * h + 3 * inner)
 
 
 def hf_layer_working_bytes(
