@@ -155,7 +155,8 @@ def qwen2_5_vl_vision(view: ConfigView) -> VisionSpec:
     merge = view.integer("spatial_merge_size", default=2, why=why)
     out = view.integer("out_hidden_size", default=3584, why=why)
     merged = hidden * merge * merge
-    linears = _qwen_blocks(hidden, inner, layers, gated=True) + [
+    linears = [
+        *_qwen_blocks(hidden, inner, layers, gated=True),
         TowerLinear(name="merger.mlp.0", in_features=merged, out_features=merged, bias=True, part=PROJECTOR),
         TowerLinear(name="merger.mlp.2", in_features=merged, out_features=out, bias=True, part=PROJECTOR),
     ]
@@ -186,7 +187,8 @@ def qwen3_vl_vision(view: ConfigView) -> VisionSpec:
         view.assumptions.append(f"'deepstack_visual_indexes' not in config; using [8, 16, 24] ({why})")
     merged = hidden * merge * merge
     mergers = 1 + len(deepstack)
-    linears = _qwen_blocks(hidden, inner, layers, gated=False) + [
+    linears = [
+        *_qwen_blocks(hidden, inner, layers, gated=False),
         TowerLinear(
             name="linear_fc1", in_features=merged, out_features=merged, bias=True, part=PROJECTOR, count=mergers
         ),
