@@ -131,14 +131,15 @@ _VARIANTS: dict[str, dict[str, Any]] = {
     "mixed s512": {"precision": "mixed-bf16", "seq": 512},
     "bf16 s128": {"precision": "bf16", "seq": 128},
     "lora+recompute s1024": {"precision": "bf16", "seq": 1024, "method": "lora", "recompute": "full"},
+    "qlora s1024": {"precision": "bf16", "seq": 1024, "method": "qlora"},
 }
 _BASE = ["bf16 s1024", "lora bf16 s1024", "mixed+recompute s512"]
 _CASES = {
     "llama4": [*_BASE, "eager bf16 s512", "mixed s512", "bf16 s128", "lora+recompute s1024"],
-    "qwen2_5_vl": [*_BASE, "fp32 foreach s512", "mixed s512"],
+    "qwen2_5_vl": [*_BASE, "fp32 foreach s512", "mixed s512", "qlora s1024"],
     "qwen3_vl": [*_BASE, "eager bf16 s512"],
     "qwen3_vl_moe": [*_BASE, "fp32 foreach s512"],
-    "mistral3": [*_BASE, "fp32 foreach s512", "mixed s512"],
+    "mistral3": [*_BASE, "fp32 foreach s512", "mixed s512", "qlora s1024"],
     "mistral3-ministral3": _BASE,
 }
 _FAST = {("qwen2_5_vl", "bf16 s1024")}
