@@ -49,7 +49,7 @@ __all__ = ["LayerRecipe", "Part", "TrainState", "layer_saved_parts", "norm_saved
 
 
 def _qk_norm_parts(recipe: LayerRecipe, q: int, kv: int, *, rope: bool) -> list[Part]:
-    attention = recipe.spec.attention
+    attention = recipe.spec.attn
     if attention.qk_norm is QKNorm.NONE or (attention.qk_norm is QKNorm.L2 and not rope):
         return []
     if attention.qk_norm is QKNorm.L2:
@@ -86,7 +86,7 @@ class _Widths:
 
 
 def _widths(spec: ModelSpec) -> _Widths:
-    attention = spec.attention
+    attention = spec.attn
     mla = attention.mla
     if mla is not None:
         qk = attention.num_heads * mla.qk_head_dim
@@ -107,10 +107,10 @@ def _attention_core(recipe: LayerRecipe, widths: _Widths, *, sliding: bool) -> l
     """
     spec, a = recipe.spec, recipe.compute_bytes
     heads = spec.num_heads
-    out = widths.q if spec.attention.mla is None else widths.v
+    out = widths.q if spec.attn.mla is None else widths.v
     masked = (sliding or recipe.style.sdpa_mask) and recipe.attention is not AttentionImpl.FLASH
     if recipe.attention is not AttentionImpl.EAGER:
-        repeat = heads // spec.num_kv_heads if (masked and spec.attention.mla is None) else 1
+        repeat = heads // spec.num_kv_heads if (masked and spec.attn.mla is None) else 1
         parts = [
             Part(name="attention q", bytes_per_token=a * widths.q),
             Part(name="attention k, v", bytes_per_token=a * (widths.k + widths.v) * repeat),
@@ -126,7 +126,7 @@ def _attention_core(recipe: LayerRecipe, widths: _Widths, *, sliding: bool) -> l
             # call, and the memory-efficient kernel keeps it for backward: [b, 1, s, s].
             parts.append(Part(name="attention mask as a bias", bytes_per_token=a * recipe.seq, split=GATHERED))
         return parts
-    repeat = heads // spec.num_kv_heads if spec.attention.mla is None else 1
+    repeat = heads // spec.num_kv_heads if spec.attn.mla is None else 1
     scores = heads * recipe.seq
     upcast = recipe.style.eager_softmax_fp32 and a != FP32  # .to(fp32) is a no-op on fp32 scores
     parts = [
@@ -137,16 +137,16 @@ def _attention_core(recipe: LayerRecipe, widths: _Widths, *, sliding: bool) -> l
             bytes_per_token=(FP32 + a if upcast else a) * scores,
         ),
     ]
-    if spec.attention.logit_softcap:
+    if spec.attn.logit_softcap:
         parts.append(Part(name="attention soft-cap tanh", bytes_per_token=a * scores))
-    if spec.attention.dropout > 0:
+    if spec.attn.dropout > 0:
         parts.append(Part(name="attention dropout mask + output", bytes_per_token=(MASK + a) * scores))
     return parts
 
 
 def _mla_latent_parts(recipe: LayerRecipe) -> list[Part]:
     """DeepSeek MLA: the q and kv latents are normalized and read by q_b_proj / kv_b_proj."""
-    mla = recipe.spec.attention.mla
+    mla = recipe.spec.attn.mla
     assert mla is not None
     parts: list[Part] = []
     for width, group in ((mla.q_lora_rank, "mla_q"), (mla.kv_lora_rank, "mla_kv")):
@@ -162,11 +162,11 @@ def _attention_parts(recipe: LayerRecipe, input_bytes: int, *, sliding: bool, ro
     widths = _widths(spec)
     parts = group_inputs(recipe, "attn_in", h, input_bytes=input_bytes, gathered=True)
     parts += lora_parts(recipe, "attn_in", h, input_bytes=input_bytes)
-    if spec.attention.mla is not None:
+    if spec.attn.mla is not None:
         parts += _mla_latent_parts(recipe)
     parts += _qk_norm_parts(recipe, widths.q, widths.k, rope=rope)
     parts += _attention_core(recipe, widths, sliding=sliding)
-    out_width = widths.q if spec.attention.mla is None else widths.v
+    out_width = widths.q if spec.attn.mla is None else widths.v
     copy = recipe.attention is AttentionImpl.EAGER or recipe.style.out_proj_copy
     needs_out = any(s.group == "attn_out" and s.name in recipe.train.needs_input for s in recipe.linears)
     if copy and needs_out:

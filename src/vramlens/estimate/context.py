@@ -95,7 +95,7 @@ def _dtypes(precision: Precision, profile: FrameworkProfile, *, sharded_params: 
     return {"param": 2, "compute": 2, "grad": 2, "state": 4, "master": 4, "autocast": False}
 
 
-def _attention(workload: Workload, profile: FrameworkProfile, model_type: str, notes: list[str]) -> AttentionImpl:
+def _attention(workload: Workload, profile: FrameworkProfile, spec: ModelSpec, notes: list[str]) -> AttentionImpl:
     """The kernel: the workload's, or the framework's default for ``auto``; under HF, what
     transformers runs for the family (:mod:`vramlens.estimate.hf_attention`)."""
     resolved = workload.attention
@@ -103,7 +103,7 @@ def _attention(workload: Workload, profile: FrameworkProfile, model_type: str, n
         resolved = profile.attention
     note = ""
     if profile.name is Framework.HF:
-        resolved, note = hf_attention_kernel(workload.attention, resolved, model_type)
+        resolved, note = hf_attention_kernel(workload.attention, resolved, spec)
     if note:
         notes.append(note)
     elif workload.attention is AttentionImpl.AUTO:
@@ -137,7 +137,17 @@ def _optimizer_impl(workload: Workload, profile: FrameworkProfile, notes: list[s
 
 def check_head_split(spec: ModelSpec, workload: Workload) -> None:
     """Tensor parallelism splits attention by heads (KV heads replicated when tp exceeds them),
-    expert parallelism splits routed experts; both engines (training and inference) require it."""
+    expert parallelism splits routed experts; both engines (training and inference) require it.
+    A model described from its code has its layers traced whole: no TP, EP or CP split."""
+    if spec.generic is not None:
+        parallel = workload.parallel
+        for key, value in (("parallel.tp", parallel.tp), ("parallel.ep", parallel.ep), ("parallel.cp", parallel.cp)):
+            if value > 1:
+                raise InputError(
+                    f"{key}: {value} is not modelled for {spec.name}: with no native vramlens family its layers "
+                    "are traced from transformers' code on one device (use 1, or data parallelism/sharding)"
+                )
+        return
     tp = workload.parallel.tp
     if spec.num_heads % tp or (spec.num_kv_heads % tp and tp % spec.num_kv_heads):
         raise InputError(
@@ -176,10 +186,10 @@ def _resolved_settings(spec: ModelSpec, workload: Workload) -> dict[str, object]
         workload.optimizer_in_backward, workload.compile, workload.attention, workload.loss, workload.optimizer_impl,
         workload.float8, workload.packing,
     )  # fmt: skip
-    return memo(spec, key, lambda: _settings(workload, spec.model_type))
+    return memo(spec, key, lambda: _settings(workload, spec))
 
 
-def _settings(workload: Workload, model_type: str) -> dict[str, object]:
+def _settings(workload: Workload, spec: ModelSpec) -> dict[str, object]:
     profile, note = profile_for(workload.framework)
     sharded = workload.parallel.shard in (Shard.FSDP, Shard.HSDP, Shard.ZERO3)
     notes = [note] if note else []
@@ -212,7 +222,7 @@ def _settings(workload: Workload, model_type: str) -> dict[str, object]:
         "state_bytes": int(sizes["state"]),
         "master_bytes": int(sizes["master"]),
         "autocast": bool(sizes["autocast"]),
-        "attention": _attention(workload, profile, model_type, notes),
+        "attention": _attention(workload, profile, spec, notes),
         "loss": _loss(workload, profile, notes),
         "optimizer_impl": _optimizer_impl(workload, profile, notes),
         "compiled_loss": _compiled_loss(workload, profile, notes),

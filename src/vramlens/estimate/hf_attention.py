@@ -20,25 +20,32 @@ from __future__ import annotations
 
 from vramlens.errors import InputError
 from vramlens.estimate.styles import hf_style
+from vramlens.model.spec import ModelSpec
 from vramlens.workload.options import AttentionImpl
 
-__all__ = ["hf_attention_kernel"]
+__all__ = ["hf_attention_kernel", "supports_sdpa"]
+
+
+def supports_sdpa(spec: ModelSpec) -> bool:
+    """Whether transformers' class of the model accepts SDPA: the native family's style, or for a
+    model described from its code, the class's own ``_supports_sdpa`` as the reader found it."""
+    return spec.generic.sdpa if spec.generic is not None else hf_style(spec.model_type).sdpa
 
 
 def hf_attention_kernel(
-    requested: AttentionImpl, resolved: AttentionImpl, model_type: str
+    requested: AttentionImpl, resolved: AttentionImpl, spec: ModelSpec
 ) -> tuple[AttentionImpl, str]:
     """The kernel of a transformers run and a note saying why, or ``(resolved, "")`` when the
     family supports SDPA. ``requested`` is the workload's value, ``resolved`` the value after
     the framework default replaced ``auto``. Raises :class:`InputError` for ``sdpa`` and
     ``efficient`` on a family whose transformers class refuses SDPA."""
-    style = hf_style(model_type)
-    if resolved is AttentionImpl.FLASH and not style.flash:
+    model_type = spec.model_type
+    if spec.generic is None and resolved is AttentionImpl.FLASH and not hf_style(model_type).flash:
         raise InputError(
             f"attention: {requested} - transformers has no flash-attention 2 for {model_type} (its class sets "
             "_supports_flash_attn = False); accepted: auto or sdpa (SDPA), eager"
         )
-    if style.sdpa or resolved is AttentionImpl.EAGER:
+    if supports_sdpa(spec) or resolved is AttentionImpl.EAGER:
         return resolved, ""
     if requested is AttentionImpl.AUTO:
         return AttentionImpl.EAGER, (

@@ -134,7 +134,7 @@ def _layer_weights(ctx: TrainingContext, moe_layer: bool, targets: frozenset[str
     """(frozen bytes, trainable elements, adapter elements, layer elements, largest linear) of one layer."""
     spec, tp, ep = ctx.spec, ctx.workload.parallel.tp, ctx.workload.parallel.ep
     h = spec.hidden_size
-    attn = attention_parameters(spec.attention, h) // tp
+    attn = attention_parameters(spec.attn, h) // tp
     if moe_layer and spec.moe is not None:
         routed, shared, router = moe_parameters(spec.moe, h)
         ffn = routed // (ep * tp) + shared // tp + router

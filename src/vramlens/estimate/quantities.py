@@ -56,6 +56,8 @@ class StageMemory:
     """Parameter sharding's unsharded parameters, buffers and gradients, instant by instant (fsdp.py)."""
     dequant: int = 0
     working: int = 0
+    end_working: int | None = None
+    """The backward working set when only the embedding's backward is left (None: ``working``)."""
     forward_working: int = 0
     step_temp: int = 0
     terms: list[Term] = field(default_factory=list)
@@ -345,25 +347,30 @@ def stage_memory(ctx: TrainingContext, stage: StageView, targets: frozenset[str]
         )
     _activations(ctx, mem, acts)
     if stage.last:
-        tp = ctx.workload.parallel.tp
-        fp32_outputs = ctx.workload.precision.mixed and ctx.profile.mixed is MixedStyle.AUTOCAST
-        fp32_outputs = fp32_outputs and not casts_outputs(ctx)
-        mem.logits = logits_memory(
-            ctx.loss,
-            tokens=ctx.tokens,
-            vocab=ctx.spec.vocab_size // tp,
-            hidden=ctx.spec.hidden_size,
-            logits_bytes=ctx.compute_bytes,
-            keeps_logits=ctx.profile.keeps_logits,
-            chunks=_loss_chunks(ctx),
-            kept_bytes=4 if fp32_outputs else None,
-            loss_parallel=tp > 1 and ctx.profile.name is Framework.TORCHTITAN,
-            compiled=ctx.compiled_loss,
-            softcap=ctx.spec.final_logit_softcap is not None,
-        )
-        mem.add("logits and loss (at the loss)", Category.TEMPORARY, mem.logits.forward_end, mem.logits.formula)
-        mem.logits, cast = with_head_weight_cast(ctx, mem.logits)
-        mem.add("LM head bf16 weight copy (fp32 head after k-bit preparation)", Category.TEMPORARY, cast, "V x h x 2 B")
+        logits_terms(ctx, mem)
     _transients(ctx, mem, targets)
     _optimizer_temporaries(ctx, mem)
     return mem
+
+
+def logits_terms(ctx: TrainingContext, mem: StageMemory) -> None:
+    """The last stage's logits and loss (and the LM head's bf16 weight copy after k-bit preparation)."""
+    tp = ctx.workload.parallel.tp
+    fp32_outputs = ctx.workload.precision.mixed and ctx.profile.mixed is MixedStyle.AUTOCAST
+    fp32_outputs = fp32_outputs and not casts_outputs(ctx)
+    mem.logits = logits_memory(
+        ctx.loss,
+        tokens=ctx.tokens,
+        vocab=ctx.spec.vocab_size // tp,
+        hidden=ctx.spec.hidden_size,
+        logits_bytes=ctx.compute_bytes,
+        keeps_logits=ctx.profile.keeps_logits,
+        chunks=_loss_chunks(ctx),
+        kept_bytes=4 if fp32_outputs else None,
+        loss_parallel=tp > 1 and ctx.profile.name is Framework.TORCHTITAN,
+        compiled=ctx.compiled_loss,
+        softcap=ctx.spec.final_logit_softcap is not None,
+    )
+    mem.add("logits and loss (at the loss)", Category.TEMPORARY, mem.logits.forward_end, mem.logits.formula)
+    mem.logits, cast = with_head_weight_cast(ctx, mem.logits)
+    mem.add("LM head bf16 weight copy (fp32 head after k-bit preparation)", Category.TEMPORARY, cast, "V x h x 2 B")

@@ -74,7 +74,7 @@ def _attended_keys(seq: int, window: int | None) -> float:
 
 def attention_core_flops(spec: ModelSpec, seq: int) -> float:
     """Forward FLOPs of ``QK^T`` and ``PV`` per token, summed over layers."""
-    att = spec.attention
+    att = spec.attn
     if att.mla is not None:
         width = att.num_heads * (att.mla.qk_head_dim + att.mla.v_head_dim)
     else:
@@ -84,7 +84,7 @@ def attention_core_flops(spec: ModelSpec, seq: int) -> float:
 
 def _linear_shapes(spec: ModelSpec) -> dict[str, tuple[int, int, int]]:
     """``name -> (in, out, copies per layer)`` of the standard decoder linears (dense layers)."""
-    h, att = spec.hidden_size, spec.attention
+    h, att = spec.hidden_size, spec.attn
     q, kv = att.num_heads * att.head_dim, att.num_kv_heads * att.head_dim
     shapes = {"q_proj": (h, q, 1), "k_proj": (h, kv, 1), "v_proj": (h, kv, 1), "o_proj": (q, h, 1)}
     if spec.mlp is not None:

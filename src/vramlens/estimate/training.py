@@ -127,7 +127,7 @@ def _backward(ctx: TrainingContext, mem: StageMemory) -> PhaseMemory:
         "end of backward: every gradient": (
             all_grads + mem.grad_buckets,
             mem.non_layer,
-            kept_to_end + mem.working + mem.dequant + u.end,
+            kept_to_end + (mem.working if mem.end_working is None else mem.end_working) + mem.dequant + u.end,
         ),
         "last layer of backward: the first layer's activations beside every other gradient": (
             all_grads - pending + mem.grad_buckets,
@@ -173,10 +173,16 @@ def estimate_training(spec: ModelSpec, workload: Workload, *, gpu: GpuSpec | Non
     """Per-GPU memory of one training step of ``workload`` on ``spec`` (busiest rank),
     checked against ``gpu`` when one is given."""
     ctx = resolve_training(spec, workload)
-    layout = param_layout(ctx)
+    if spec.generic is not None:
+        from vramlens.estimate.generic import generic_layout
+        from vramlens.estimate.generic_terms import generic_stage_memory
+
+        layout, memory = generic_layout(ctx), generic_stage_memory
+    else:
+        layout, memory = param_layout(ctx), stage_memory
     best: tuple[int, StageMemory, list[PhaseMemory]] | None = None
     for stage in layout.stages:
-        mem = stage_memory(ctx, stage, layout.targets)
+        mem = memory(ctx, stage, layout.targets)
         phases = training_phases(ctx, mem)
         peak = max(phase.allocated_bytes for phase in phases)
         if best is None or peak > best[0]:

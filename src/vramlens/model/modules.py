@@ -49,7 +49,7 @@ _PLAIN_MLP = {
 
 
 def _attention_linears(spec: ModelSpec) -> list[LinearShape]:
-    attention = spec.attention
+    attention = spec.attn
     h = spec.hidden_size
     mla = attention.mla
     if mla is not None:

@@ -42,10 +42,16 @@ def estimate_inference(spec: ModelSpec, workload: Workload, *, gpu: GpuSpec | No
     against ``gpu`` when one is given."""
     ctx = resolve_inference(spec, workload, gpu)
     capacity = gpu.memory_bytes if gpu else None
-    plans = [
-        vllm_plan(ctx, stage, capacity) if ctx.engine is Engine.VLLM else hf_plan(ctx, stage)
-        for stage in stage_weights(ctx)
-    ]
+    if spec.generic is not None:
+        from vramlens.estimate.infer.generic import check_generic_inference, generic_hf_plan, generic_stage_weights
+
+        check_generic_inference(ctx)
+        plans = [generic_hf_plan(ctx, stage) for stage in generic_stage_weights(ctx)]
+    else:
+        plans = [
+            vllm_plan(ctx, stage, capacity) if ctx.engine is Engine.VLLM else hf_plan(ctx, stage)
+            for stage in stage_weights(ctx)
+        ]
     plan = max(plans, key=_busiest)
     reserved, device, runtime = _levels(ctx, plan)
     notes = [*ctx.assumptions, *plan.notes]

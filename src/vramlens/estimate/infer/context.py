@@ -124,7 +124,7 @@ def _attention(spec: ModelSpec, workload: Workload, engine: Engine, notes: list[
     resolved = workload.attention
     if resolved is AttentionImpl.AUTO:
         resolved = AttentionImpl.SDPA
-    kernel, note = hf_attention_kernel(workload.attention, resolved, spec.model_type)
+    kernel, note = hf_attention_kernel(workload.attention, resolved, spec)
     if note:
         notes.append(note)
     elif workload.attention is AttentionImpl.AUTO:

@@ -75,7 +75,7 @@ def _kv(
     if not windowed:
         layers = [replace(layer, window=None, chunk=None) for layer in layers]
     return kv_cache_bytes(
-        ctx.spec.attention,
+        ctx.spec.attn,
         layers,
         tokens=tokens,
         sequences=ctx.batch,
@@ -89,7 +89,7 @@ def _kv(
 def _per_token(ctx: InferenceContext, stage: StageWeights) -> int:
     layers = [ctx.spec.layers[index] for index in stage.layers]
     return kv_cache_bytes(
-        ctx.spec.attention, layers, tokens=1, sequences=1, kv_bytes=ctx.kv_bytes, tp=ctx.tp, latent=ctx.latent_kv
+        ctx.spec.attn, layers, tokens=1, sequences=1, kv_bytes=ctx.kv_bytes, tp=ctx.tp, latent=ctx.latent_kv
     )
 
 

@@ -58,7 +58,7 @@ def _expert_shapes(ctx: InferenceContext) -> list[LinearShape]:
 def _split(ctx: InferenceContext, shape: LinearShape) -> tuple[int, int]:
     """(out, in) of one rank's slice: column-parallel layers split outputs, row-parallel inputs.
     K/V projections keep whole heads: one replicated head per rank when tp exceeds the KV heads."""
-    tp, attention = ctx.tp, ctx.spec.attention
+    tp, attention = ctx.tp, ctx.spec.attn
     if shape.group in ("attn_out", "mlp_out") or shape.name == "experts.down":
         return shape.out_features, shape.in_features // tp
     if shape.name in ("kv_a_proj_with_mqa", "q_a_proj"):
@@ -92,7 +92,7 @@ def _layer_bytes(ctx: InferenceContext, moe_layer: bool, layer: int | None = Non
     """Bytes of one decoder layer on one rank (``layer``: its index, for layer-specific skips)."""
     spec, tp, ep = ctx.spec, ctx.tp, ctx.workload.parallel.ep
     h = spec.hidden_size
-    elements = attention_parameters(spec.attention, h) // tp + spec.norms_per_layer * norm_parameters(spec.norm, h)
+    elements = attention_parameters(spec.attn, h) // tp + spec.norms_per_layer * norm_parameters(spec.norm, h)
     shapes = list(layer_linears(spec, moe_layer=moe_layer))
     linear, linear_elements = _linear_bytes(ctx, shapes, 1, layer)
     if moe_layer and spec.moe is not None:

@@ -51,7 +51,7 @@ __all__ = [
 
 def _attention_elements(spec: ModelSpec, tokens: int, tp: int, *, fused_qkv: bool) -> int:
     """Elements of attention intermediates per step (q/k/v, rotary copies, outputs)."""
-    attention = spec.attention
+    attention = spec.attn
     heads = attention.num_heads // tp
     mla = attention.mla
     if mla is not None:
@@ -114,7 +114,7 @@ def _held_bytes_per_token(spec: ModelSpec, compute_bytes: int, *, mlp: bool) -> 
         hidden = style.held_embeddings + 1 + (1 if style.pre_attn_norm else 0)
     rotary = 0
     if spec.position.kind is PositionKind.ROPE:
-        rotary = 2 * style.rope_sets * int(spec.attention.head_dim * spec.position.rotary_fraction)
+        rotary = 2 * style.rope_sets * int(spec.attn.head_dim * spec.position.rotary_fraction)
     return (hidden * spec.hidden_size + rotary) * compute_bytes
 
 
@@ -180,12 +180,12 @@ def hf_layer_working_bytes(
     attending to ``seq_kv`` tokens (the larger of its attention and MLP working sets, with
     the tensors held beside each and the attention masks)."""
     tokens, c = batch * seq_q, compute_bytes
-    if attention is AttentionImpl.EAGER and spec.attention.mla is None:
+    if attention is AttentionImpl.EAGER and spec.attn.mla is None:
         # At the softmax: the rotary queries and the keys/values repeated to every head (GQA), or
         # for MHA the fused or partially rotated projections they are views of; MQA's repeat is
         # a view (stride 0), leaving the queries.
         widths = 1 if spec.num_kv_heads == 1 < spec.num_heads else 3
-        attn = widths * (spec.num_heads // tp) * spec.attention.head_dim * tokens * c
+        attn = widths * (spec.num_heads // tp) * spec.attn.head_dim * tokens * c
         attn += eager_scores_bytes(spec, batch=batch, seq_q=seq_q, seq_kv=seq_kv, compute_bytes=c, tp=tp)
     else:
         attn = _attention_elements(spec, tokens, tp, fused_qkv=False) * c
