@@ -30,17 +30,23 @@ def _build(config: dict[str, Any], dtype: Any, attention: str) -> Any:
     # "Finalize"): no DynamicCache in the training forward. With a cache, keys and values are
     # its concatenated copies, which changes what fused-qkv families keep.
     hf_config.use_cache = False
+    image_text = transformers.models.auto.modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+    auto = transformers.AutoModelForImageTextToText if model_type in image_text else transformers.AutoModelForCausalLM
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = transformers.AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
+        model = auto.from_config(hf_config, dtype=dtype)
     model.train()
     return model
 
 
 def _decoder_layers(model: Any) -> Any:
-    for name, module in model.named_modules():
-        if name.endswith("layers") or name.endswith(".h"):
+    """The text decoder's layer list (a multimodal model's vision encoder has one too)."""
+    found = [(name, module) for name, module in model.named_modules() if name.endswith("layers") or name.endswith(".h")]
+    for name, module in found:
+        if "language_model" in name:
             return module
+    if found:
+        return found[0][1]
     raise LookupError("no decoder layer list found")
 
 
@@ -82,7 +88,7 @@ def _layer_saved_bytes(
             packed.append((current[0], weakref.ref(tensor)))
         return tensor
 
-    ids = torch.randint(0, model.config.vocab_size, (batch, seq))
+    ids = torch.randint(0, model.config.get_text_config().vocab_size, (batch, seq))
     amp = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), amp:
         output = model(input_ids=ids)
@@ -93,6 +99,7 @@ def _layer_saved_bytes(
             storage = tensor.untyped_storage()
             saved.setdefault(index, {})[storage.data_ptr()] = storage.nbytes()
     del output
-    shared = set(saved.get(layer - 1, {}))
+    neighbour = layer - 1 if layer > 0 else layer + 1  # storages a neighbour saved too are shared by all layers
+    shared = set(saved.get(neighbour, {}))
     own = {ptr: size for ptr, size in saved[layer].items() if ptr not in shared}
     return sum(own.values())

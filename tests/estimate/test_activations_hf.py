@@ -30,7 +30,7 @@ from conftest import requires_hf
 from vramlens.estimate.activations import layer_saved_parts
 from vramlens.estimate.context import resolve_training
 from vramlens.estimate.layout import lora_targets
-from vramlens.estimate.recompute import _recipe, train_state
+from vramlens.estimate.recompute import _recipe, layer_kind, train_state
 from vramlens.model.resolve import model_from_config
 from vramlens.workload.load import load_workload
 
@@ -54,8 +54,17 @@ _CONFIGS = {
 }
 # gpt-oss: transformers refuses SDPA (attention sinks); eager is its default.
 _EAGER_ONLY = {"falcon-mqa", "deepseek_v2", "deepseek_v3", "gemma2", "gpt_oss", "gpt_oss-layer-types"}
-_MOE = {"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "olmoe", "olmoe-clip-norm-topk"}
-_SKIP = {"gemma3"}  # multimodal wrapper: its text tower is gemma3_text, covered below
+_MOE = {
+    "mixtral",
+    "qwen2_moe",
+    "qwen3_moe",
+    "deepseek_v2",
+    "deepseek_v3",
+    "olmoe",
+    "olmoe-clip-norm-topk",
+    "qwen3_vl_moe",
+}
+_SKIP = {"gemma3", "llama4"}  # multimodal wrappers whose text decoders are covered on their own
 #: Decoder layers compared, one of each kind the config has (default: layer 1).
 _LAYERS = {
     "gpt_oss": (1, 2),  # full, sliding
@@ -89,9 +98,8 @@ def estimated_per_token(config: dict, *, precision: str, attention: str, layer: 
     )
     ctx = resolve_training(spec, workload)
     recipe = _recipe(ctx, train_state(ctx, lora_targets(ctx)), [])
-    spec_layer = spec.layers[layer]
-    sliding = spec_layer.window is not None and spec_layer.window < _SEQ
-    return sum(part.bytes_per_token for part in layer_saved_parts(recipe, moe_layer=spec_layer.moe, sliding=sliding))
+    moe, masked, rope = layer_kind(spec.layers[layer], _SEQ)
+    return sum(part.bytes_per_token for part in layer_saved_parts(recipe, moe_layer=moe, sliding=masked, rope=rope))
 
 
 def _tolerance(family: str, precision: str) -> float:
@@ -110,6 +118,24 @@ def test_layer_recipe_matches_autograd(family: str, precision: str, attention: s
     truth = layer_saved_bytes_per_token(config, dtype=dtype, attention=attention, seq=_SEQ, layer=layer)
     ours = estimated_per_token(config, precision=precision, attention=attention, layer=layer)
     assert ours == pytest.approx(truth, rel=_tolerance(family, precision), abs=0.5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["llama4_text", "llama4"])
+@pytest.mark.parametrize("layer", [0, 1, 2, 3])
+@pytest.mark.parametrize(("precision", "attention"), [("bf16", "sdpa"), ("bf16", "eager"), ("fp32", "sdpa")])
+def test_llama4_layer_kinds_match_autograd(family: str, layer: int, precision: str, attention: str) -> None:
+    """Every Llama 4 layer kind, exactly: dense and MoE (all experts on every token, sigmoid
+    router, shared expert), rotary layers with chunked attention (masked: the chunk of 16 is
+    shorter than the 64 tokens) and the q/k L2 norm, the NoPE layer with full attention and
+    temperature-tuned queries; the multimodal wrapper runs the same text layers."""
+    from hf_saved import layer_saved_bytes_per_token
+
+    dtype = {"bf16": "bfloat16", "fp32": "float32"}[precision]
+    config = _CONFIGS[family]
+    truth = layer_saved_bytes_per_token(config, dtype=dtype, attention=attention, seq=_SEQ, layer=layer)
+    ours = estimated_per_token(config, precision=precision, attention=attention, layer=layer)
+    assert ours == truth
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])

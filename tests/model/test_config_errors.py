@@ -133,6 +133,67 @@ CASES = [
     ),
 ]
 
+# Nested (multimodal) configs: a missing part, or a part vramlens would have to guess, names its key.
+_L4 = FAMILY_CONFIGS["llama4"]
+CASES += [
+    ("llama4 without text", without(_L4, "text_config"), "key 'text_config' is required for model_type 'llama4'"),
+    ("qwen3_vl without text", without(FAMILY_CONFIGS["qwen3_vl"], "text_config"), "key 'text_config' is required"),
+    (
+        "qwen2_5_vl without text",
+        without(FAMILY_CONFIGS["qwen2_5_vl"], "text_config"),
+        "key 'text_config' is required for model_type 'qwen2_5_vl'",
+    ),
+    (
+        "mistral3 without vision",
+        without(FAMILY_CONFIGS["mistral3"], "vision_config"),
+        "key 'vision_config' is required",
+    ),
+    ("text_config not an object", {**_L4, "text_config": [1]}, "key 'text_config' must be an object"),
+    (
+        "text part missing a size",
+        {**_L4, "text_config": without(_L4["text_config"], "hidden_size")},
+        "[text_config]: missing required key 'hidden_size'",
+    ),
+    (
+        "mistral3 text type",
+        {
+            **FAMILY_CONFIGS["mistral3"],
+            "text_config": {**FAMILY_CONFIGS["mistral3"]["text_config"], "model_type": "gpt2"},
+        },
+        "[text_config]: key 'model_type' 'gpt2' is not a text decoder vramlens reads for mistral3",
+    ),
+    (
+        "mistral3 vision type",
+        {**FAMILY_CONFIGS["mistral3"], "vision_config": {"model_type": "siglip_vision_model"}},
+        "[vision_config]: key 'model_type' 'siglip_vision_model' is not a vision tower vramlens reads",
+    ),
+    (
+        "llama4 no_rope_layers short",
+        {**FAMILY_CONFIGS["llama4_text"], "no_rope_layers": [1, 0]},
+        "key 'no_rope_layers' has 2 entries for 4 layers",
+    ),
+    (
+        "llama4 layer type",
+        {**FAMILY_CONFIGS["llama4_text"], "layer_types": ["sliding_attention"] * 4},
+        "key 'layer_types' has unsupported sliding_attention; expected chunked_attention, full_attention",
+    ),
+    (
+        "llama4 chunk null",
+        {**FAMILY_CONFIGS["llama4_text"], "attention_chunk_size": None},
+        "key 'attention_chunk_size' must be a positive integer when layers use chunked attention",
+    ),
+    (
+        "llama4 moe layer outside",
+        {**FAMILY_CONFIGS["llama4_text"], "moe_layers": [1, 7]},
+        "key 'moe_layers' names layer 7 of a 4-layer model",
+    ),
+    (
+        "qwen vision depth",
+        {**FAMILY_CONFIGS["qwen3_vl"], "vision_config": {**FAMILY_CONFIGS["qwen3_vl"]["vision_config"], "depth": 0}},
+        "[vision_config]: key 'depth' must be an integer >= 1",
+    ),
+]
+
 
 @pytest.mark.parametrize(("label", "config", "expected"), CASES, ids=[c[0] for c in CASES])
 def test_malformed_config_error_names_the_key(label: str, config: Any, expected: str) -> None:

@@ -48,10 +48,16 @@ from vramlens.workload.options import AttentionImpl
 __all__ = ["LayerRecipe", "Part", "TrainState", "ffn_saved_parts", "layer_saved_parts", "norm_saved"]
 
 
-def _qk_norm_parts(recipe: LayerRecipe, q: int, kv: int) -> list[Part]:
+def _qk_norm_parts(recipe: LayerRecipe, q: int, kv: int, *, rope: bool) -> list[Part]:
     attention = recipe.spec.attn
-    if attention.qk_norm is QKNorm.NONE:
+    if attention.qk_norm is QKNorm.NONE or (attention.qk_norm is QKNorm.L2 and not rope):
         return []
+    if attention.qk_norm is QKNorm.L2:
+        # Llama 4's parameter-free L2 norm of each head on rotary layers: an fp32 copy and one rsqrt per head.
+        return [
+            Part(name="q L2 norm fp32 input and rsqrt", bytes_per_token=FP32 * q + STAT * attention.num_heads),
+            Part(name="k L2 norm fp32 input and rsqrt", bytes_per_token=FP32 * kv + STAT * attention.num_kv_heads),
+        ]
     stats = (attention.num_heads, attention.num_kv_heads) if attention.qk_norm is QKNorm.PER_HEAD else (1, 1)
     parts = []
     if recipe.style.norm == NormStyle.LAYERNORM:
@@ -160,7 +166,7 @@ def _mla_latent_parts(recipe: LayerRecipe) -> list[Part]:
     return parts
 
 
-def _attention_parts(recipe: LayerRecipe, input_bytes: int, *, sliding: bool) -> list[Part]:
+def _attention_parts(recipe: LayerRecipe, input_bytes: int, *, sliding: bool, rope: bool) -> list[Part]:
     spec = recipe.spec
     h = spec.hidden_size
     widths = _widths(spec)
@@ -168,7 +174,7 @@ def _attention_parts(recipe: LayerRecipe, input_bytes: int, *, sliding: bool) ->
     parts += lora_parts(recipe, "attn_in", h, input_bytes=input_bytes)
     if spec.attn.mla is not None:
         parts += _mla_latent_parts(recipe)
-    parts += _qk_norm_parts(recipe, widths.q, widths.k)
+    parts += _qk_norm_parts(recipe, widths.q, widths.k, rope=rope)
     if spec.attn.clip_qkv:
         # OLMoE clamp_()s q, k and v in place; autograd keeps each one's value from before the clamp
         # (a clone). Under autocast the q/k norms multiply their bf16 output by fp32 weights: fp32.
@@ -215,19 +221,21 @@ def _mlp_parts(recipe: LayerRecipe, input_bytes: int) -> list[Part]:
     return parts
 
 
-def layer_saved_parts(recipe: LayerRecipe, *, moe_layer: bool, sliding: bool = False) -> list[Part]:
-    """Every tensor one decoder layer keeps for backward, in bytes per token."""
-    attention, ffn = _layer_halves(recipe, moe_layer=moe_layer, sliding=sliding)
+def layer_saved_parts(recipe: LayerRecipe, *, moe_layer: bool, sliding: bool = False, rope: bool = True) -> list[Part]:
+    """Every tensor one decoder layer keeps for backward, in bytes per token. ``sliding``: the
+    layer's attention is masked (a sliding window or an attention chunk shorter than the
+    sequence); ``rope``: it applies rotary embeddings (False for Llama 4's NoPE layers)."""
+    attention, ffn = _layer_halves(recipe, moe_layer=moe_layer, sliding=sliding, rope=rope)
     return attention + ffn
 
 
-def ffn_saved_parts(recipe: LayerRecipe, *, moe_layer: bool, sliding: bool = False) -> list[Part]:
+def ffn_saved_parts(recipe: LayerRecipe, *, moe_layer: bool, sliding: bool = False, rope: bool = True) -> list[Part]:
     """What a layer keeps from its feed-forward half (the pre-MLP norm on): not yet alive while its
     attention runs in the forward pass, and freed before its attention's backward runs."""
-    return _layer_halves(recipe, moe_layer=moe_layer, sliding=sliding)[1]
+    return _layer_halves(recipe, moe_layer=moe_layer, sliding=sliding, rope=rope)[1]
 
 
-def _layer_halves(recipe: LayerRecipe, *, moe_layer: bool, sliding: bool) -> tuple[list[Part], list[Part]]:
+def _layer_halves(recipe: LayerRecipe, *, moe_layer: bool, sliding: bool, rope: bool) -> tuple[list[Part], list[Part]]:
     """(attention half, feed-forward half) of :func:`layer_saved_parts`."""
     spec, style = recipe.spec, recipe.style
     residual = FP32 if recipe.autocast else recipe.compute_bytes
@@ -243,7 +251,7 @@ def _layer_halves(recipe: LayerRecipe, *, moe_layer: bool, sliding: bool) -> tup
         attn_input = norm_out
     else:
         attn_input = residual
-    parts += _attention_parts(recipe, attn_input, sliding=sliding)
+    parts += _attention_parts(recipe, attn_input, sliding=sliding, rope=rope)
     if style.post_attn_norm:
         parts += norm_saved(recipe, h, input_bytes=recipe.compute_bytes, name="post-attention norm")
     attention, parts = parts, []

@@ -16,6 +16,8 @@ backend) are errors, as in transformers. gpt-oss is another such class (``_suppo
 False``: SDPA has no attention sinks): requesting ``flash_attention_2`` makes transformers load
 ``kernels-community/vllm-flash-attn3`` instead (its ``_compatible_flash_implementations``), a
 flash-attention 3 kernel that takes the sinks; ``HfStyle.gpu_kernel`` names the kernel per family.
+A family without flash-attention 2 (``HfStyle.flash``:
+Llama 4, whose chunked attention flash cannot mask) refuses ``flash`` the same way.
 """
 
 from __future__ import annotations
@@ -42,6 +44,11 @@ def hf_attention_kernel(
     the framework default replaced ``auto``. Raises :class:`InputError` for ``sdpa`` and
     ``efficient`` on a family whose transformers class refuses SDPA."""
     model_type = spec.model_type
+    if spec.generic is None and resolved is AttentionImpl.FLASH and not hf_style(model_type).flash:
+        raise InputError(
+            f"attention: {requested} - transformers has no flash-attention 2 for {model_type} (its class sets "
+            "_supports_flash_attn = False); accepted: auto or sdpa (SDPA), eager"
+        )
     if supports_sdpa(spec) or resolved is AttentionImpl.EAGER:
         return resolved, ""
     style = hf_style(model_type) if spec.generic is None else HfStyle()

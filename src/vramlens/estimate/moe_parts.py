@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from vramlens.estimate.saved_parts import FP32, GATHERED, SEQUENCE, LayerRecipe, Part, gated_saved
+from vramlens.estimate.moe_dense import dense_expert_parts
+from vramlens.estimate.saved_parts import FP32, GATHERED, SEQUENCE, LayerRecipe, Part, gated_saved, lora_parts
+from vramlens.model.modules import shared_expert_prefix
 
 __all__ = ["expert_bytes", "moe_parts"]
 
@@ -29,16 +31,19 @@ def moe_parts(recipe: LayerRecipe, input_bytes: int) -> list[Part]:
     c = recipe.moe_capacity
     trained = recipe.train.norms  # experts train only in full fine-tuning (3-D parameters are not LoRA targets)
     down_input = 1 if trained else 0
-    parts = [
-        _router_part(recipe, k, e),
-        Part(
-            name="experts gate/up outputs and activation",
-            bytes_per_token=(_gate_saved(moe.activation) + down_input) * x * i * k * c,
-        ),
-        Part(name="experts output (weighted by the router)", bytes_per_token=x * h * k * c, split=SEQUENCE),
-    ]
-    if trained:
-        parts.append(Part(name="experts gathered inputs", bytes_per_token=x * h * k * c, split=SEQUENCE))
+    if recipe.style.dense_experts:
+        parts = dense_expert_parts(recipe)
+    else:
+        parts = [
+            _router_part(recipe, k, e),
+            Part(
+                name="experts gate/up outputs and activation",
+                bytes_per_token=(_gate_saved(moe.activation) + down_input) * x * i * k * c,
+            ),
+            Part(name="experts output (weighted by the router)", bytes_per_token=x * h * k * c, split=SEQUENCE),
+        ]
+        if trained:
+            parts.append(Part(name="experts gathered inputs", bytes_per_token=x * h * k * c, split=SEQUENCE))
     shared_inputs = moe.shared_intermediate_size and any(
         s.group == "mlp_in" and s.name in recipe.train.needs_input for s in recipe.linears
     )
@@ -110,7 +115,7 @@ def _input_readers(recipe: LayerRecipe, *, trained: bool) -> list[str]:
     readers = ["router"] if trained else []
     if moe.shared_expert_gate and trained:
         readers.append("shared expert gate")
-    prefix = "shared_expert." if moe.shared_expert_gate else "shared_experts."
+    prefix = shared_expert_prefix(recipe.spec)
     readers += [
         s.name
         for s in recipe.linears
@@ -139,6 +144,9 @@ def _shared_expert_parts(recipe: LayerRecipe) -> list[Part]:
     parts = [Part(name="shared expert activations", bytes_per_token=gated_saved(moe.activation) * a * width)]
     if any(s.group == "mlp_out" and s.name in recipe.train.needs_input for s in recipe.linears):
         parts.append(Part(name="shared expert down input", bytes_per_token=a * width))
+    # LoRA adapters on the shared expert's projections (the dense MLP's are counted in dense layers).
+    parts += lora_parts(recipe, "mlp_in", recipe.spec.hidden_size, input_bytes=a, shared_expert=True)
+    parts += lora_parts(recipe, "mlp_out", width, input_bytes=a, shared_expert=True)
     if moe.shared_expert_gate:
         # sigmoid(gate(x)) * shared_expert(x) keeps both factors.
         parts.append(

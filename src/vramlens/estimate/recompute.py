@@ -18,10 +18,11 @@ from vramlens.estimate.qlora import adapter_inputs_shared, base_output_bytes, kb
 from vramlens.estimate.saved_parts import GATHERED, HEADS, SEQUENCE, LayerRecipe, Part, TrainState
 from vramlens.estimate.styles import hf_style
 from vramlens.model.modules import all_layer_linears
+from vramlens.model.spec import LayerSpec
 from vramlens.workload.options import AttentionImpl, Framework, Method, Recompute
 from vramlens.workload.spec import ALL_LINEAR
 
-__all__ = ["LayerActivations", "eager_attention_working", "layer_activations", "train_state"]
+__all__ = ["LayerActivations", "eager_attention_working", "layer_activations", "layer_kind", "train_state"]
 
 
 def train_state(ctx: TrainingContext, targets: frozenset[str]) -> TrainState:
@@ -98,14 +99,21 @@ def _selective_titan(recipe: LayerRecipe, moe_layer: bool) -> float:
     return a * (2 * spec.hidden_size + 2 * q + kv + inner) + 4 * spec.num_heads
 
 
-def _kinds(ctx: TrainingContext, layer_range: range) -> dict[tuple[bool, bool], int]:
-    """Count this rank's layers by (MoE, sliding-window)."""
-    counts: dict[tuple[bool, bool], int] = {}
+def layer_kind(layer: LayerSpec, seq: int) -> tuple[bool, bool, bool]:
+    """What decides a layer's saved tensors at sequence length ``seq``: (MoE, masked attention, rotary).
+
+    A window at least as long as the sequence is plain causal attention: transformers then
+    passes no mask to SDPA (``_ignore_causal_mask_sdpa``); an attention chunk masks once the
+    keys reach its size (``kv_length >= local_attention_size``)."""
+    masked = (layer.window is not None and layer.window < seq) or (layer.chunk is not None and layer.chunk <= seq)
+    return layer.moe, masked, layer.rope
+
+
+def _kinds(ctx: TrainingContext, layer_range: range) -> dict[tuple[bool, bool, bool], int]:
+    """Count this rank's layers by :func:`layer_kind`."""
+    counts: dict[tuple[bool, bool, bool], int] = {}
     for index in layer_range:
-        layer = ctx.spec.layers[index]
-        # A window at least as long as the sequence is plain causal attention: transformers
-        # then passes no mask to SDPA (``_ignore_causal_mask_sdpa``).
-        key = (layer.moe, layer.window is not None and layer.window < ctx.workload.seq)
+        key = layer_kind(ctx.spec.layers[index], ctx.workload.seq)
         counts[key] = counts.get(key, 0) + 1
     return counts
 
@@ -158,7 +166,10 @@ def _layer_activations(
     sp = tp > 1
     kinds = _kinds(ctx, layer_range)
     layers = len(layer_range)
-    full = {key: _per_token(layer_saved_parts(recipe, moe_layer=key[0], sliding=key[1]), tp, sp) for key in kinds}
+    full = {
+        key: _per_token(layer_saved_parts(recipe, moe_layer=key[0], sliding=key[1], rope=key[2]), tp, sp)
+        for key in kinds
+    }
     total_full = sum(full[key] * count for key, count in kinds.items())
     largest = max(full.values()) if full else 0.0
     policy = ctx.workload.recompute
@@ -180,13 +191,16 @@ def _layer_activations(
         transient = largest
     else:
         flash = replace(recipe, attention=AttentionImpl.FLASH)
-        kept = {key: _per_token(layer_saved_parts(flash, moe_layer=key[0], sliding=key[1]), tp, sp) for key in kinds}
+        kept = {
+            key: _per_token(layer_saved_parts(flash, moe_layer=key[0], sliding=key[1], rope=key[2]), tp, sp)
+            for key in kinds
+        }
         saved = sum(kept[key] * count for key, count in kinds.items())
         # What one layer re-creates in backward: its attention internals beyond what is kept.
         transient = max((max(0.0, full[key] - kept[key]) for key in kinds), default=0.0)
         notes.append("recompute selective: the attention core is recomputed; projections and MLP outputs are kept")
-    example = max(kinds, key=lambda key: full[key]) if kinds else (False, False)
-    parts = tuple(layer_saved_parts(recipe, moe_layer=example[0], sliding=example[1]))
+    example = max(kinds, key=lambda key: full[key]) if kinds else (False, False, True)
+    parts = tuple(layer_saved_parts(recipe, moe_layer=example[0], sliding=example[1], rope=example[2]))
     masks = _mask_bytes(ctx, recipe, kinds)
     # Eager adds its masks to the scores and SDPA turns them into a per-call bias: autograd keeps
     # neither; they live in the model's forward until it returns, unless a checkpoint keeps them
@@ -201,7 +215,7 @@ def _layer_activations(
     )
 
 
-def _mask_bytes(ctx: TrainingContext, recipe: LayerRecipe, kinds: dict[tuple[bool, bool], int]) -> float:
+def _mask_bytes(ctx: TrainingContext, recipe: LayerRecipe, kinds: dict[tuple[bool, bool, bool], int]) -> float:
     """Materialized 4-D attention masks ([batch, 1, seq, seq], one per mask kind, shared by all layers):
     eager attention always builds them, additive in the compute dtype; SDPA only for sliding-window
     layers, boolean (``masking_utils.sdpa_mask``: one byte per element); flash attention

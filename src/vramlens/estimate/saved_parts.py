@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from vramlens.estimate.act_fns import activation_fn
 from vramlens.estimate.styles import HfStyle, NormStyle
-from vramlens.model.modules import LinearShape
+from vramlens.model.modules import LinearShape, is_shared_expert
 from vramlens.model.spec import ModelSpec
 from vramlens.workload.options import AttentionImpl
 
@@ -159,12 +159,16 @@ def group_inputs(recipe: LayerRecipe, group: str, width: int, *, input_bytes: in
 MLP_INPUT = "mlp_in input"
 
 
-def lora_parts(recipe: LayerRecipe, group: str, width: int, *, input_bytes: int) -> list[Part]:
-    """PEFT adapters: each casts its input to the adapter dtype and keeps it, plus the rank-r output."""
+def lora_parts(
+    recipe: LayerRecipe, group: str, width: int, *, input_bytes: int, shared_expert: bool = False
+) -> list[Part]:
+    """PEFT adapters: each casts its input to the adapter dtype and keeps it, plus the rank-r output.
+    ``shared_expert``: the adapters of an MoE layer's shared expert, else the others of ``group``
+    (``recipe.linears`` lists every layer kind's linears: a dense layer has no shared expert)."""
     train = recipe.train
     parts = []
     for shape in recipe.linears:
-        if shape.group != group or shape.name not in train.adapters:
+        if shape.group != group or shape.name not in train.adapters or is_shared_expert(shape) != shared_expert:
             continue
         autocast = recipe.autocast or recipe.autocast_adapters
         cast = recipe.compute_bytes if autocast else train.adapter_bytes

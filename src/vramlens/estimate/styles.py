@@ -79,6 +79,15 @@ class HfStyle:
     GLM-4.5; not gpt-oss, whose experts PEFT leaves alone)."""
     gpu_kernel: str = "flash-attention 2 (soft-capping in the kernel)"
     """What ``attention: flash`` runs for a family without SDPA (its class's flash path)."""
+    dense_experts: bool = False
+    """Every routed expert runs on every token (Llama 4: ``torch.bmm`` over all experts on
+    copies of the input scaled by a sigmoid router score, zero for the unrouted ones);
+    see :func:`vramlens.estimate.moe_dense.dense_expert_parts`."""
+    flash: bool = True
+    """transformers supports flash-attention 2 for this family (Llama 4 does not)."""
+    all_linear_lora: bool = True
+    """PEFT's ``all-linear`` LoRA runs on this family. Llama 4's ``Llama4Router`` subclasses
+    ``nn.Linear`` but returns a tuple: PEFT wraps it and its forward fails."""
 
 
 HF_STYLES: Final[dict[str, HfStyle]] = {
@@ -121,6 +130,17 @@ HF_STYLES: Final[dict[str, HfStyle]] = {
     # Glm4Moe's rotary concatenates the rotated and passed-through halves (torch.cat), so queries are
     # contiguous (b, heads, s, d); SDPA's output follows the query layout and the transpose before o_proj copies.
     "glm4_moe": HfStyle(router_fp32=True, out_proj_copy=True),
+    # Multimodal wrappers keep their text decoder's style (the vision side computes nothing on text batches).
+    # Llama4TextDecoderLayer keeps its attention output (``attention_states``) through the MLP.
+    "llama4_text": HfStyle(
+        eager_softmax_fp32=False, dense_experts=True, flash=False, all_linear_lora=False, mlp_held=2
+    ),
+    "llama4": HfStyle(eager_softmax_fp32=False, dense_experts=True, flash=False, all_linear_lora=False, mlp_held=2),
+    "qwen2_5_vl": HfStyle(),
+    "qwen3_vl": HfStyle(),
+    "qwen3_vl_moe": HfStyle(),
+    "mistral3": HfStyle(),
+    "ministral3": HfStyle(),
 }
 
 

@@ -55,7 +55,12 @@ def layer_matmul_parameters(spec: ModelSpec) -> float:
     """Matmul parameters a token passes through in the decoder layers (all layers)."""
     parts = spec.parameter_breakdown
     non_layer = (
-        parts.embedding + parts.position_embedding + parts.norms + parts.final_norm + parts.lm_head + parts.extra
+        parts.embedding
+        + parts.position_embedding
+        + parts.norms
+        + parts.final_norm
+        + parts.lm_head
+        + parts.outside_decoder
     )
     return float(spec.active_parameters - non_layer)
 

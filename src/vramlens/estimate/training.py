@@ -28,6 +28,7 @@ from vramlens.estimate.quantities import StageMemory, stage_memory
 from vramlens.estimate.reserved import TrainingSlack, allocator_settings, training_slack
 from vramlens.estimate.runtime import CUBLAS_WORKSPACE_BYTES, communicators, runtime_parts
 from vramlens.estimate.versions import older_than, rule_note
+from vramlens.estimate.vision import vision_notes
 from vramlens.hardware import GpuSpec
 from vramlens.model.spec import ModelSpec
 from vramlens.report.model import MemoryReport, PhaseMemory, SafeLevels
@@ -237,7 +238,7 @@ def estimate_training(spec: ModelSpec, workload: Workload, *, gpu: GpuSpec | Non
     allocated, mem, phases = best
     peak = max(phases, key=lambda phase: phase.allocated_bytes)
     levels = _levels(ctx, mem, peak, layout.targets)
-    notes = [*ctx.assumptions, *dict.fromkeys(mem.notes), levels.note]
+    notes = [*ctx.assumptions, *vision_notes(ctx), *dict.fromkeys(mem.notes), levels.note]
     if len(layout.stages) > 1:
         notes.append(f"pipeline parallel: reporting the {mem.stage.name}, the busier of the first and last stages")
     return MemoryReport(

@@ -168,13 +168,14 @@ class ParameterBreakdown:
     lm_head: int
     """The output projection (0 when tied, except a bias)."""
     extra: int = 0
-    """Parts outside the decoder stack (vision towers, projectors) of native families."""
+    """Other named parts outside the decoder stack of native families (``ModelSpec.extra_parameters``)."""
     linear_attention: int = 0
     """All layers' linear-attention mixers (gated DeltaNet), their convolutions included."""
     ssm: int = 0
     """All layers' state-space (Mamba) mixers, their convolutions included."""
     vision: int = 0
-    """A vision tower read from the model's code."""
+    """A multimodal model's vision tower (its image encoder): a native family's
+    (``ModelSpec.vision``) or one read from the model's code."""
     projector: int = 0
     """The multimodal projector between a vision tower and the decoder."""
     mtp: int = 0
@@ -198,14 +199,16 @@ class ParameterBreakdown:
             + self.norms
             + self.final_norm
             + self.lm_head
-            + self.extra
             + self.linear_attention
             + self.ssm
-            + self.vision
-            + self.projector
-            + self.mtp
-            + self.other
+            + self.outside_decoder
         )
+
+    @property
+    def outside_decoder(self) -> int:
+        """Parameters outside the decoder stack (embedding and head aside): vision tower, projector,
+        multi-token-prediction layers, extra and unnamed parts."""
+        return self.extra + self.vision + self.projector + self.mtp + self.other
 
     @property
     def non_embedding(self) -> int:
@@ -243,6 +246,8 @@ def parameter_breakdown(spec: ModelSpec) -> ParameterBreakdown:
         final_norm=norm_parameters(spec.norm, hidden) if spec.final_norm else 0,
         lm_head=lm_head,
         extra=sum(count for _, count in spec.extra_parameters),
+        vision=spec.vision.tower_parameters if spec.vision is not None else 0,
+        projector=spec.vision.projector_parameters if spec.vision is not None else 0,
         persistent_buffers=moe_layers * spec.moe.num_experts if spec.moe and spec.moe.router_score_bias else 0,
     )
 

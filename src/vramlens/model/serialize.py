@@ -95,6 +95,8 @@ def spec_to_dict(spec: ModelSpec) -> dict[str, Any]:
             "sliding_window": sum(1 for w in windows if w is not None),
             "global_attention": sum(1 for w in windows if w is None),
             "windows": windows,
+            "chunks": [layer.chunk for layer in spec.layers],
+            "rope": [layer.rope for layer in spec.layers],
         },
         "norm": {**_plain(spec.norm), "per_layer": spec.norms_per_layer, "final": spec.final_norm},
         "position": _plain(spec.position),
@@ -108,6 +110,7 @@ def spec_to_dict(spec: ModelSpec) -> dict[str, Any]:
         "final_logit_softcap": spec.final_logit_softcap,
         "quantization": _plain(spec.quantization),
         "extra_parameters": dict(spec.extra_parameters),
+        "vision": _plain(spec.vision),
         "checkpoint": spec.checkpoint.to_dict() if spec.checkpoint is not None else None,
         "assumptions": list(spec.assumptions),
     }

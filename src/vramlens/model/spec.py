@@ -28,6 +28,8 @@ from vramlens.model.components import (
     PositionKind,
     PositionSpec,
     QKNorm,
+    TowerLinear,
+    VisionSpec,
     _require,
 )
 
@@ -52,6 +54,8 @@ __all__ = [
     "PositionKind",
     "PositionSpec",
     "QKNorm",
+    "TowerLinear",
+    "VisionSpec",
 ]
 
 
@@ -109,7 +113,9 @@ class ModelSpec:
     checkpoint: CheckpointSummary | None = field(default=None, repr=False, compare=False)
     """Exact tensor counts and bytes read from the safetensors headers, when the model came from files."""
     extra_parameters: tuple[tuple[str, int], ...] = ()
-    """Named parameter counts of parts outside the decoder stack (e.g. a vision tower)."""
+    """Named parameter counts of other parts outside the decoder stack."""
+    vision: VisionSpec | None = None
+    """The vision tower and projector of a multimodal model (None for text-only models)."""
     architecture: str | None = None
     """First entry of ``architectures`` in the config, if any."""
     hf_id: str | None = None

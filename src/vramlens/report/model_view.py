@@ -62,6 +62,13 @@ def _layers_text(spec: ModelSpec) -> str:
     if sliding:
         windows = ", ".join(str(w) for w in sorted(set(sliding)))
         text += f" ({len(sliding)} sliding-window [{windows}], {spec.num_layers - len(sliding)} global)"
+    chunked = [layer.chunk for layer in spec.layers if layer.chunk is not None]
+    if chunked:
+        chunks = ", ".join(str(c) for c in sorted(set(chunked)))
+        text += f" ({len(chunked)} chunked-attention [{chunks}])"
+    nope = sum(1 for layer in spec.layers if not layer.rope)
+    if nope and spec.position.kind.value == "rope":
+        text += f" ({nope} without rotary embeddings)"
     if spec.is_moe:
         text += f"; {spec.num_moe_layers} MoE, {spec.num_layers - spec.num_moe_layers} dense"
     return text
@@ -144,6 +151,13 @@ def describe_model(spec: ModelSpec, entry: CatalogEntry | None = None) -> Table:
         table.add_row("norms", f"{spec.norm.kind.value}{bias}, {spec.norms_per_layer} per layer")
     size = weight_bytes(spec)
     weights = f"; weights {format_bytes(size)}" if size is not None else ""
+    if spec.vision is not None:
+        v = spec.vision
+        table.add_row(
+            "vision",
+            f"{v.kind} tower ({v.num_layers} layers, width {v.hidden_size}): {format_count(v.tower_parameters)}; "
+            f"projector {format_count(v.projector_parameters)}",
+        )
     table.add_row("dtype", f"{spec.dtype}{weights}")
     if spec.quantization is not None:
         q = spec.quantization

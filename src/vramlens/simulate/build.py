@@ -178,10 +178,20 @@ def attention_note(model: Any) -> str | None:
 
 
 def _from_config(spec: ModelSpec, config: Any, dtype: Any) -> Any:
+    """The model class the spec describes: a multimodal spec (``spec.vision``) is the whole
+    image-text-to-text model, vision tower included (``AutoModelForCausalLM`` maps some of
+    these types to their text model alone: Llama 4); anything else the causal LM."""
     torch = require("torch", purpose="vramlens simulate")
     transformers = require("transformers", purpose="vramlens simulate")
-    # A model described from its code is built by the auto class its reader used.
-    auto = getattr(transformers, spec.generic.auto_class) if spec.generic else transformers.AutoModelForCausalLM
+    # A model described from its code is built by the auto class its reader used; a native multimodal
+    # spec (``spec.vision``) is the whole image-text-to-text model, vision tower included
+    # (``AutoModelForCausalLM`` maps some of these types to their text model alone: Llama 4).
+    if spec.generic:
+        auto = getattr(transformers, spec.generic.auto_class)
+    elif spec.vision is not None:
+        auto = transformers.AutoModelForImageTextToText
+    else:
+        auto = transformers.AutoModelForCausalLM
     try:
         with warnings.catch_warnings(), torch.device("meta"):
             warnings.simplefilter("ignore")
@@ -216,6 +226,8 @@ def build_model(
     model = _from_config(spec, hf_config(spec, attention), dtype)
     if prepare is not None:
         prepare(model)
+    if workload.method.value in ("lora", "qlora") and workload.lora.targets == ALL_LINEAR:
+        _check_all_linear(model)
     compute = spec.quantization.compute_dtype if spec.quantization is not None else None
     nf4 = nf4_settings(workload, dtype=dtype, weights=weights, compute=compute)
     if nf4 is not None:
@@ -230,6 +242,21 @@ def build_model(
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         _retie(base, cut=prepare is not None)
     return model
+
+
+def _check_all_linear(model: Any) -> None:
+    """Refuse ``all-linear`` LoRA on a model with an ``nn.Linear`` subclass that has its own
+    forward (Llama 4's router returns a tuple): PEFT wraps it and its forward fails."""
+    torch = require("torch", purpose="vramlens simulate")
+    linear = torch.nn.Linear
+    odd = sorted(
+        {type(m).__name__ for m in model.modules() if isinstance(m, linear) and type(m).forward is not linear.forward}
+    )
+    if odd:
+        raise SimulationError(
+            f"lora.targets: all-linear would wrap {', '.join(odd)} (an nn.Linear with its own forward), which PEFT's "
+            "LoRA forward cannot run; list the modules to adapt"
+        )
 
 
 def _retie(model: Any, *, cut: bool) -> None:

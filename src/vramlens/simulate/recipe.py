@@ -58,16 +58,20 @@ _GRADIENTS = CATEGORY_ORDER.index(Category.GRADIENTS)
 
 
 def _subset(layout: GenericLayout) -> list[int]:
-    """The decoder layers kept, in model order: the first of each kind, and after the last of
-    those the next layer of its kind, so that no kind's first layer is the last one kept (the
-    last layer's backward runs beside the LM head's leftovers)."""
+    """The decoder layers kept, in model order: the first of each kind; the second layer of the
+    first layer's kind (the model's first layer may make tensors every layer shares, such as
+    masks built on first use: see :func:`_positions_of`); and after the last of those the next
+    layer of its kind, so that no kind's measured layer is the last one kept (the last layer's
+    backward runs beside the LM head's leftovers)."""
+    kinds = layout.layer_kinds
     firsts: dict[int, int] = {}
-    for index, kind in enumerate(layout.layer_kinds):
+    for index, kind in enumerate(kinds):
         firsts.setdefault(kind, index)
-    chosen = sorted(firsts.values())
-    last_kind = layout.layer_kinds[chosen[-1]]
-    following = [i for i in range(chosen[-1] + 1, layout.num_layers) if layout.layer_kinds[i] == last_kind]
-    return chosen + following[:1]
+    chosen = set(firsts.values())
+    chosen.update([i for i in range(1, layout.num_layers) if kinds[i] == kinds[0]][:1])
+    last = max(chosen)
+    chosen.update([i for i in range(last + 1, layout.num_layers) if kinds[i] == kinds[last]][:1])
+    return sorted(chosen)
 
 
 def _truncate(layout: GenericLayout, chosen: list[int], kept: list[Any]) -> Callable[[Any], None]:
@@ -177,15 +181,21 @@ class _TrainingSample:
 
 
 def _positions_of(layout: GenericLayout, chosen: list[int]) -> list[int]:
-    """For each kind, the subset position of its first kept layer."""
-    firsts: dict[int, int] = {}
+    """For each kind, the subset position of the layer measured for it: its first kept layer,
+    but for the model's first layer's kind its second one when there is one (the first layer's
+    extra, shared tensors go outside the layers: :func:`_training_sample`)."""
+    kept: dict[int, list[int]] = {}
     for position, index in enumerate(chosen):
-        firsts.setdefault(layout.layer_kinds[index], position)
-    return [firsts[kind] for kind in range(len(layout.kinds))]
+        kept.setdefault(layout.layer_kinds[index], []).append(position)
+    first_kind = layout.layer_kinds[chosen[0]]
+    return [
+        kept[kind][1] if kind == first_kind and len(kept[kind]) > 1 else kept[kind][0]
+        for kind in range(len(layout.kinds))
+    ]
 
 
 def _training_sample(
-    timeline: Timeline, regions: _Regions, positions: list[int], fwd_end: int, bwd_start: int
+    timeline: Timeline, regions: _Regions, positions: list[int], first_kind: int, fwd_end: int, bwd_start: int
 ) -> _TrainingSample:
     life = _lifetimes(timeline, regions)
     activation = ~np.isin(life.category, list(_NOT_ACTIVATIONS))
@@ -210,9 +220,22 @@ def _training_sample(
     head_start = _first_event(timeline, regions, -2, fwd_end)
     before_head = life.alloc < head_start
     head = (life.alloc >= head_start) & in_forward & activation & at_backward
+    # The model's first layer (subset position 0) is measured for its kind only when it is the
+    # kind's one layer; otherwise what it keeps beyond the kind's measured layer (tensors made on
+    # first use and shared by every layer) is outside the layers.
+    extra = (0, 0)
+    if positions[first_kind] != 0:
+        first = (life.region == 0) & in_forward & activation
+        extra = (
+            _sum(life, first & at_loss) - kinds[first_kind][0],
+            _sum(life, first & at_backward) - kinds[first_kind][1],
+        )
     return _TrainingSample(
         kinds=kinds,
-        outside=(_sum(life, outside & before_head & at_loss), _sum(life, outside & before_head & at_backward)),
+        outside=(
+            _sum(life, outside & before_head & at_loss) + extra[0],
+            _sum(life, outside & before_head & at_backward) + extra[1],
+        ),
         head=_sum(life, head),
     )
 
@@ -416,7 +439,9 @@ def _training_step(
     finally:
         tracker.close()
     timeline = tracker.timeline()
-    return _training_sample(timeline, _regions(model, subset, timeline), positions, fwd_end, bwd_start)
+    assert ctx.spec.generic is not None
+    first_kind = ctx.spec.generic.layer_kinds[0]
+    return _training_sample(timeline, _regions(model, subset, timeline), positions, first_kind, fwd_end, bwd_start)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -68,13 +68,13 @@ def _phase(name: str, note: str, parts: dict[Category, int]) -> PhaseMemory:
 def _kv(
     ctx: InferenceContext, stage: StageWeights, tokens: int, *, block_size: int | None = None, windowed: bool = True
 ) -> int:
-    """KV cache bytes of the stage's layers. ``windowed=False``: sliding-window layers hold every
+    """KV cache bytes of the stage's layers. ``windowed=False``: sliding-window (and chunked) layers hold every
     token, as transformers' ``DynamicSlidingWindowLayer`` does right after a prefill: it keeps a
     view of the last ``window - 1`` positions of the concatenated keys/values, so the whole
     prompt's storage stays alive until the first decode step replaces it (cache_utils.py)."""
     layers = [ctx.spec.layers[index] for index in stage.layers]
     if not windowed:
-        layers = [replace(layer, window=None) for layer in layers]
+        layers = [replace(layer, window=None, chunk=None) for layer in layers]
     return kv_cache_bytes(
         ctx.spec.attn,
         layers,

@@ -146,7 +146,7 @@ def _stage(ctx: InferenceContext, name: str, layers: range, *, first: bool, last
     head = 0
     if last:
         untied_head = not spec.tie_word_embeddings or not first
-        head = (breakdown.final_norm + breakdown.extra) * ctx.compute_bytes + (table if untied_head else 0)
+        head = (breakdown.final_norm + breakdown.outside_decoder) * ctx.compute_bytes + (table if untied_head else 0)
         head += (spec.vocab_size if spec.lm_head_bias else 0) * ctx.compute_bytes // ctx.tp
     return StageWeights(
         name=name,

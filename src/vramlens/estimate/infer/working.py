@@ -88,16 +88,18 @@ def attention_mask_bytes(
     """4-D attention masks transformers builds once per forward (shared by the layers).
 
     Units: bytes. Eager: one additive ``batch x seq_q x seq_kv`` mask in the compute dtype per
-    attention kind (full, sliding). SDPA: none for causal attention (``is_causal``), a boolean
-    one per sliding window shorter than the keys. Flash attention: none.
+    attention kind (full, sliding, chunked). SDPA: none for causal attention (``is_causal``), a
+    boolean one per sliding window shorter than the keys or attention chunk they reach. Flash
+    attention: none.
     Source: transformers masking_utils.py (sdpa_mask, eager_mask, _ignore_causal_mask_sdpa).
     """
-    windows = {layer.window for layer in spec.layers}
+    kinds = {(layer.window, layer.chunk) for layer in spec.layers}
     if attention is AttentionImpl.EAGER:
-        return len(windows) * batch * seq_q * seq_kv * compute_bytes
+        return len(kinds) * batch * seq_q * seq_kv * compute_bytes
     if attention is AttentionImpl.FLASH:
         return 0
-    biting = {w for w in windows if w is not None and w < seq_kv}
+    # A sliding window masks once the keys outnumber it, an attention chunk once they reach it.
+    biting = {(w, c) for w, c in kinds if (w is not None and w < seq_kv) or (c is not None and c <= seq_kv)}
     return len(biting) * batch * seq_q * seq_kv
 
 
@@ -146,6 +148,8 @@ def _mlp_elements(
         if fused:  # fused_moe intermediate caches over all routed (token, expert) pairs
             return tokens * experts + tokens * k * (3 * inner + spec.hidden_size) + shared
         router = 5 * tokens * experts  # logits, float32 softmax and top-k weights (~5 bf16 elements)
+        if hf_style(spec.model_type).dense_experts:
+            return router + dense_experts_elements(spec, tokens, tp)
         # float32 routing weights (DeepSeek, GLM: their routers run in float32) promote the weighted outputs.
         wide = 2 if hf_style(spec.model_type).router_fp32 and compute_bytes < 4 else 1
         routed = tokens * k * routed_copy_elements(moe, spec.hidden_size, inner, weights_widths=wide)
@@ -202,6 +206,21 @@ def _fp32_rope_bytes(spec: ModelSpec, tokens: int, tp: int, *, compute_bytes: in
     q = spec.num_heads // tp * spec.attn.head_dim
     kv = kv_heads_per_rank(spec.num_kv_heads, tp) * spec.attn.head_dim
     return tokens * (compute_bytes * (q + 2 * kv) + 4 * (4 * q + kv))
+
+
+def dense_experts_elements(spec: ModelSpec, tokens: int, tp: int) -> int:
+    """Peak intermediates of Llama 4's experts (every expert on every token, no grad), elements.
+
+    ``E x tokens`` rows: the input copies and their score-scaled product (``2h`` while the
+    product is made), then in ``Llama4TextExperts`` the scaled input (``h``), the fused
+    gate/up output (``2i``), the activation and the product (``i`` each), then the down output
+    (``h``) beside the scaled input, the gate/up output and the product: the larger of
+    ``h + 4i`` and ``2h + 3i`` per row. Source: transformers ``modeling_llama4.py``."""
+    moe = spec.moe
+    assert moe is not None
+    h, inner = spec.hidden_size, moe.expert_intermediate_size // tp
+    rows = tokens * moe.num_experts
+    return rows * max(2 * h, h + 4 * inner, 2 * h + 3 * inner)
 
 
 def hf_layer_working_bytes(

@@ -31,7 +31,21 @@ __all__ = ["Parser", "parse_config", "register", "supported_model_types"]
 
 Parser = Callable[[ConfigView], ModelSpec]
 
-_FAMILY_MODULES = ("llama", "gemma", "phi", "gpt", "deepseek", "gpt_oss", "olmoe", "smollm3", "cohere2", "glm4_moe")
+_FAMILY_MODULES = (
+    "llama",
+    "gemma",
+    "phi",
+    "gpt",
+    "deepseek",
+    "gpt_oss",
+    "olmoe",
+    "smollm3",
+    "cohere2",
+    "glm4_moe",
+    "llama4",
+    "qwen_vl",
+    "mistral3",
+)
 _PARSERS: dict[str, Parser] = {}
 _loaded = False
 
