@@ -58,20 +58,21 @@ _GRADIENTS = CATEGORY_ORDER.index(Category.GRADIENTS)
 
 
 def _subset(layout: GenericLayout) -> list[int]:
-    """The decoder layers kept, in model order: the first of each kind; the second layer of the
-    first layer's kind (the model's first layer may make tensors every layer shares, such as
-    masks built on first use: see :func:`_positions_of`); and after the last of those the next
-    layer of its kind, so that no kind's measured layer is the last one kept (the last layer's
+    """The decoder layers kept, in model order: the first two of each kind (a kind's first layer
+    may make tensors every layer of the kind, or every layer, shares, such as a mask built on
+    first use: the second is the one measured, see :func:`_positions_of`), and after the last of
+    those the next layer, so that no measured layer is the last one kept (the last layer's
     backward runs beside the LM head's leftovers)."""
     kinds = layout.layer_kinds
-    firsts: dict[int, int] = {}
+    seen: dict[int, int] = {}
+    chosen = []
     for index, kind in enumerate(kinds):
-        firsts.setdefault(kind, index)
-    chosen = set(firsts.values())
-    chosen.update([i for i in range(1, layout.num_layers) if kinds[i] == kinds[0]][:1])
-    last = max(chosen)
-    chosen.update([i for i in range(last + 1, layout.num_layers) if kinds[i] == kinds[last]][:1])
-    return sorted(chosen)
+        if seen.get(kind, 0) < 2:
+            seen[kind] = seen.get(kind, 0) + 1
+            chosen.append(index)
+    if chosen[-1] + 1 < layout.num_layers:
+        chosen.append(chosen[-1] + 1)
+    return chosen
 
 
 def _truncate(layout: GenericLayout, chosen: list[int], kept: list[Any]) -> Callable[[Any], None]:
@@ -181,21 +182,31 @@ class _TrainingSample:
 
 
 def _positions_of(layout: GenericLayout, chosen: list[int]) -> list[int]:
-    """For each kind, the subset position of the layer measured for it: its first kept layer,
-    but for the model's first layer's kind its second one when there is one (the first layer's
-    extra, shared tensors go outside the layers: :func:`_training_sample`)."""
+    """For each kind, the subset position of the layer measured for it: its second kept layer
+    when it has one (what its first keeps beyond that goes outside the layers:
+    :func:`_firsts`), else its only one."""
     kept: dict[int, list[int]] = {}
     for position, index in enumerate(chosen):
         kept.setdefault(layout.layer_kinds[index], []).append(position)
-    first_kind = layout.layer_kinds[chosen[0]]
-    return [
-        kept[kind][1] if kind == first_kind and len(kept[kind]) > 1 else kept[kind][0]
-        for kind in range(len(layout.kinds))
-    ]
+    return [kept[kind][1] if len(kept[kind]) > 1 else kept[kind][0] for kind in range(len(layout.kinds))]
+
+
+def _firsts(layout: GenericLayout, chosen: list[int]) -> list[tuple[int, int]]:
+    """(subset position of a kind's first layer, of its measured layer) for kinds measured on
+    their second layer."""
+    kept: dict[int, list[int]] = {}
+    for position, index in enumerate(chosen):
+        kept.setdefault(layout.layer_kinds[index], []).append(position)
+    return [(positions[0], positions[1]) for positions in kept.values() if len(positions) > 1]
 
 
 def _training_sample(
-    timeline: Timeline, regions: _Regions, positions: list[int], first_kind: int, fwd_end: int, bwd_start: int
+    timeline: Timeline,
+    regions: _Regions,
+    positions: list[int],
+    firsts: list[tuple[int, int]],
+    fwd_end: int,
+    bwd_start: int,
 ) -> _TrainingSample:
     life = _lifetimes(timeline, regions)
     activation = ~np.isin(life.category, list(_NOT_ACTIVATIONS))
@@ -220,16 +231,16 @@ def _training_sample(
     head_start = _first_event(timeline, regions, -2, fwd_end)
     before_head = life.alloc < head_start
     head = (life.alloc >= head_start) & in_forward & activation & at_backward
-    # The model's first layer (subset position 0) is measured for its kind only when it is the
-    # kind's one layer; otherwise what it keeps beyond the kind's measured layer (tensors made on
-    # first use and shared by every layer) is outside the layers.
-    extra = (0, 0)
-    if positions[first_kind] != 0:
-        first = (life.region == 0) & in_forward & activation
-        extra = (
-            _sum(life, first & at_loss) - kinds[first_kind][0],
-            _sum(life, first & at_backward) - kinds[first_kind][1],
+    # What a kind's first layer keeps beyond its measured (second) layer - tensors made on first
+    # use and shared by the layers after it - is outside the layers.
+    extra = [0, 0]
+    for first, measured in firsts:
+        own, other = (
+            (life.region == first) & in_forward & activation,
+            (life.region == measured) & in_forward & activation,
         )
+        extra[0] += _sum(life, own & at_loss) - _sum(life, other & at_loss)
+        extra[1] += _sum(life, own & at_backward) - _sum(life, other & at_backward)
     return _TrainingSample(
         kinds=kinds,
         outside=(
@@ -308,7 +319,7 @@ def derive_training(ctx: TrainingContext) -> TrainingRecipe:
     seq = workload.seq
 
     def attempt(chosen: list[int], fake_mode: Any) -> TrainingRecipe:
-        positions = _positions_of(layout, chosen)
+        positions, firsts = _positions_of(layout, chosen), _firsts(layout, chosen)
         kept: list[Any] = []
         model = build_model(
             spec,
@@ -324,7 +335,7 @@ def derive_training(ctx: TrainingContext) -> TrainingRecipe:
         weights = _weights(model, kept[0], positions)
 
         def run(batch: int, length: int) -> _TrainingSample:
-            return _training_step(torch, model, kept[0], ctx, fake_mode, params, positions, batch, length)
+            return _training_step(torch, model, kept[0], ctx, fake_mode, params, (positions, firsts), batch, length)
 
         samples = [run(batch, length) for batch, length in _sizes(seq)]
         _measured(run, seq, samples, lambda: _training_recipe(samples, seq, weights, notes).interpolates)
@@ -410,7 +421,7 @@ def _training_step(
     ctx: TrainingContext,
     fake_mode: Any,
     params: list[Any],
-    positions: list[int],
+    measured: tuple[list[int], list[tuple[int, int]]],
     batch: int,
     seq: int,
 ) -> _TrainingSample:
@@ -439,9 +450,8 @@ def _training_step(
     finally:
         tracker.close()
     timeline = tracker.timeline()
-    assert ctx.spec.generic is not None
-    first_kind = ctx.spec.generic.layer_kinds[0]
-    return _training_sample(timeline, _regions(model, subset, timeline), positions, first_kind, fwd_end, bwd_start)
+    positions, firsts = measured
+    return _training_sample(timeline, _regions(model, subset, timeline), positions, firsts, fwd_end, bwd_start)
 
 
 @dataclass(frozen=True, kw_only=True)
