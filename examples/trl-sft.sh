@@ -1,5 +1,5 @@
-# TRL SFT with LoRA on two GPUs (as in TRL's SFT docs)
-accelerate launch --num_processes 2 \
+# TRL SFT with LoRA on two GPUs (as in TRL's SFT docs), with expandable segments
+PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True accelerate launch --num_processes 2 \
   trl/scripts/sft.py \
   --model_name_or_path Qwen/Qwen2.5-7B \
   --dataset_name trl-lib/Capybara \

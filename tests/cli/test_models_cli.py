@@ -63,13 +63,22 @@ def test_show_table_for_an_moe_model(capsys: pytest.CaptureFixture[str]) -> None
 
 def test_show_a_config_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "config.json"
-    path.write_text(json.dumps(tiny_llama_config(model_type="my_llama")))
+    config = tiny_llama_config()
+    del config["tie_word_embeddings"]  # read with transformers' default, which the report says
+    path.write_text(json.dumps(config))
     status, out, _ = run(["models", "show", str(path), "--format", "json"], capsys)
     data = json.loads(out)
-    assert status == 0 and data["model_type"] == "my_llama"
-    assert any("Llama-style" in a for a in data["assumptions"])
+    assert status == 0 and data["model_type"] == "llama"
+    assert any("tie_word_embeddings" in a for a in data["assumptions"])
     status, out, _ = run(["models", "show", str(path)], capsys)
     assert status == 0 and "assumptions" in out
+
+
+def test_show_refuses_an_unknown_model_type_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(tiny_llama_config(model_type="my_llama")))
+    status, out, err = run(["models", "show", str(path)], capsys)
+    assert status == 2 and out == "" and err.count("\n") == 1 and "model_type 'my_llama'" in err
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ import pytest
 
 from vramlens.categories import Category
 from vramlens.estimate import estimate
-from vramlens.estimate.quantities import micro_batches_in_flight
+from vramlens.estimate.layout import micro_batches_in_flight
 from vramlens.model.resolve import load_model
 from vramlens.report.model import MemoryReport
 from vramlens.workload.options import PipelineSchedule

@@ -197,13 +197,13 @@ def test_cheapest_change_of_a_fitting_run_is_no_change() -> None:
 
 
 def test_smallest_gpu_count_need_not_be_a_power_of_two() -> None:
-    """DeepSeek-V3 full fine-tune (671e9 parameters) on 16 GB T4s: beyond one 8-GPU node the
+    """DeepSeek-V3 full fine-tune (671e9 parameters) on 16 GB V100s: beyond one 8-GPU node the
     search tries whole nodes between the first fitting power of two and half of it, and finds
     48 (six nodes), not 64: 48 fit (ZeRO-3 with everything offloaded), 40 do not."""
     user = {"model": "deepseek-v3", "batch": 1}
-    assert min_gpus(user, "t4") == 48
-    assert plan(user, gpu="t4", gpus=48, max_candidates=1).candidates
-    assert not plan(user, gpu="t4", gpus=40).candidates
+    assert min_gpus(user, "v100-16gb") == 48
+    assert plan(user, gpu="v100-16gb", gpus=48, max_candidates=1).candidates
+    assert not plan(user, gpu="v100-16gb", gpus=40).candidates
 
 
 def test_a_user_on_the_fused_loss_is_not_offered_chunking() -> None:

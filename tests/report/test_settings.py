@@ -83,7 +83,9 @@ def test_html_inputs_are_the_keys_that_apply_without_raw_json() -> None:
     assert keys["lora.rank"] == "16" and keys["lora.modules_to_save"] == "none" and keys["parallel.gpus"] == "2"
     assert "prompt" not in keys and "kv_dtype" not in keys and "gpu_memory_utilization" not in keys
     full = dict(applicable_inputs(estimate({"model": "llama-3.1-8b"}).workload_dict))
-    assert "lora.rank" not in full
+    assert "lora.rank" not in full and full["alloc_conf"] == "none"
+    older = estimate({"model": "llama-3.1-8b", "versions": {"transformers": "4.40"}}).workload_dict
+    assert dict(applicable_inputs(older))["versions.transformers"] == "4.40"
     infer = dict(applicable_inputs(estimate({"model": "llama-3.1-8b", "mode": "infer"}).workload_dict))
     assert "seq" not in infer and "optimizer" not in infer and "max_num_seqs" not in infer and infer["prompt"] == "1024"
     page = render_html(train)

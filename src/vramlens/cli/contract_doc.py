@@ -29,7 +29,8 @@ flags use the same names with dashes (`--grad-accum`; `lora.*` keys are `--lora-
 and values are one-line errors that name the key and list what is accepted. `auto` means "what
 the framework does by default", and the report's first lines and its assumptions say what was
 chosen. A run config you already have (axolotl, torchtune, litgpt, DeepSpeed, accelerate, a
-TRL / `TrainingArguments` command line, `vllm serve`) is read into these keys with `--from FILE`.
+TRL / `TrainingArguments` command line, `vllm serve`) is read into these keys with `--from FILE`
+(a command line's `PYTORCH_CUDA_ALLOC_CONF=...` sets `alloc_conf`; no format carries `versions`).
 
 This page is generated from the code (`python -m vramlens.cli.contract_doc > docs/workload.md`).
 """
@@ -54,6 +55,8 @@ def _flag_help() -> dict[str, str]:
 
 
 def _default(field: dataclasses.Field[Any]) -> str:
+    if field.name == "versions":  # pairs in the dataclass, a mapping in files and dicts
+        return "`{}`"
     if field.default is not dataclasses.MISSING:
         value = field.default
     elif field.default_factory is not dataclasses.MISSING:
@@ -66,6 +69,8 @@ def _default(field: dataclasses.Field[Any]) -> str:
         return f"`{str(value).lower()}`"
     if value is None:
         return "`null`"
+    if value == "":
+        return '`""`'
     if isinstance(value, tuple):
         return "`[]`" if not value else f"`{list(value)}`"
     return f"`{value}`"
@@ -75,11 +80,29 @@ def _accepted(field: dataclasses.Field[Any]) -> str:
     """The values of the field's enum (its annotation names one of :mod:`vramlens.workload.options`)."""
     from vramlens.workload import options
 
+    if field.name in _ACCEPTED:
+        return _ACCEPTED[field.name]()
     enum = getattr(options, str(field.type).split("|")[0].strip(), None)
     if isinstance(enum, type) and issubclass(enum, Enum):
         return " \\| ".join(f"`{member.value}`" for member in enum)
     return ""
 
+
+def _versions_accepted() -> str:
+    from vramlens.estimate.versions import PACKAGES
+
+    return "a mapping of " + ", ".join(f"`{name}`" for name in PACKAGES) + " to a version"
+
+
+def _alloc_conf_accepted() -> str:
+    from vramlens.allocator._alloc_conf import IGNORED_KEYS, MODELED_KEYS
+
+    modelled = ", ".join(f"`{key}`" for key in MODELED_KEYS)
+    return f"`key:value` pairs, comma-separated: {modelled} (modelled); {', '.join(IGNORED_KEYS)} (accepted, no effect)"
+
+
+#: The accepted values of keys that are not an enum, from the code that checks them.
+_ACCEPTED = {"versions": _versions_accepted, "alloc_conf": _alloc_conf_accepted}
 
 #: What a key whose values are an enum means (the values themselves come from the enum).
 _MEANING = {
@@ -110,7 +133,7 @@ def _rows(owner: type, prefix: str, flags: dict[str, str]) -> list[str]:
         accepted = _accepted(field)
         if accepted and " | " in text:  # a flag's help that only lists the values
             text = _MEANING.get(key, "")
-        text = text.replace("``", "`").replace(":class:", "")
+        text = text.replace("``", "`").replace(":class:", "").replace(":mod:", "").replace(":data:", "")
         rows.append(f"| `{key}` | {_default(field)} | {accepted} | {text.replace('|', '/')} |")
     return rows
 
@@ -130,7 +153,9 @@ def contract_markdown() -> str:
         "",
         "`MemoryReport.to_dict()` (what `--format json` prints) has at least: `peak` "
         "(`allocated_bytes`, `reserved_bytes`, `device_bytes`, `phase`), `breakdown` at the peak, `phases`, "
-        "`fits` (null without a GPU), `headroom_bytes` (capacity minus the device-level peak), `assumptions`, "
+        "`safe` (each level's figure that at least 95% of public measurements stay at or below, with its margins), "
+        "`fits` (null without a GPU; on the safe device figure), `headroom_bytes` (capacity minus that figure), "
+        "`assumptions`, "
         "`settings` (batch, sequence, precision, optimizer and its implementation, framework: which are "
         "defaults, what `auto` became), `engine` and the normalized `workload` with every default filled in. "
         "Inference adds `serving` (KV needed; for vLLM the pool, `engine_starts` and `batch_fits_pool`). "

@@ -51,6 +51,8 @@ FLAGS: dict[str, tuple[str, str]] = {
     "max-num-seqs": ("max_num_seqs", "inference (vllm): concurrent sequences"),
     "block-size": ("block_size", "inference (vllm): KV block size in tokens"),
     "max-num-batched-tokens": ("max_num_batched_tokens", "inference: tokens per forward step (vllm default 8192)"),
+    "alloc-conf": ("alloc_conf", "PYTORCH_CUDA_ALLOC_CONF of the run, e.g. expandable_segments:True"),
+    "versions": ("versions", "library versions of the run, e.g. transformers=4.35,vllm=0.6"),
     "lora-rank": ("lora.rank", "LoRA rank r"),
     "lora-alpha": ("lora.alpha", "LoRA alpha"),
     "lora-dropout": ("lora.dropout", "LoRA dropout"),
@@ -105,6 +107,10 @@ def _default(path: str) -> str:
         return "none" if key != "gpu" else "none: no fit check"
     if isinstance(value, bool):
         return "on" if value else "off"
+    if value == "":
+        return "none: PyTorch's defaults" if key == "alloc_conf" else "none"
+    if key == "versions":
+        return "none: the installed ones, else the current releases"
     if isinstance(value, tuple):
         return ", ".join(value) or "none"
     return str(getattr(value, "value", value))

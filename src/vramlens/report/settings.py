@@ -188,4 +188,4 @@ def _text(value: Any) -> str:
         return "-"
     if isinstance(value, (list, tuple)):
         return ", ".join(str(v) for v in value) or "none"
-    return str(value)
+    return str(value) or "none"

@@ -81,7 +81,7 @@ HAND_MADE: dict[str, tuple[str, Workload]] = {
             model="Qwen/Qwen2.5-7B", framework=Framework.HF, batch=4, grad_accum=4, seq=2048, packing=True,
             recompute=Recompute.FULL, optimizer=OptimizerName.ADAMW, optimizer_impl=OptimizerImpl.FUSED,
             precision=Precision.BF16, method=Method.LORA, lora=LoraConfig(rank=32, alpha=16, targets="all-linear"),
-            parallel=Parallelism(gpus=2, shard=Shard.DDP),
+            parallel=Parallelism(gpus=2, shard=Shard.DDP), alloc_conf="expandable_segments:True",
         ),
     ),
     "vllm-serve.sh": (

@@ -233,6 +233,24 @@ def test_vllm_spellings_and_unmodelled() -> None:
         parse_run_config("vllm serve m --kv-cache-dtype int4", origin="s.sh")
 
 
+# ---- environment variables on a command line -----------------------------------------------------
+
+
+def test_command_lines_set_the_allocator_settings_from_the_environment() -> None:
+    trl = parse_run_config("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True torchrun --nproc_per_node 2 train.py "
+                           "--per_device_train_batch_size 1 --run_name A=B", origin="run.sh")  # fmt: skip
+    assert load_workload({"model": "x", **trl.keys}).alloc_conf == "expandable_segments:True"
+    assert "trl PYTORCH_CUDA_ALLOC_CONF: expandable_segments:True -> alloc_conf" in "\n".join(trl.assumptions())
+    serve = parse_run_config("export PYTORCH_ALLOC_CONF=max_split_size_mb:512 PYTORCH_NO_CUDA_MEMORY_CACHING=1\n"
+                             "vllm serve m --max-model-len 4096", origin="serve.sh")  # fmt: skip
+    assert serve.keys["alloc_conf"] == "max_split_size_mb:512"
+    assert serve.unmodelled == ("PYTORCH_NO_CUDA_MEMORY_CACHING=1",)
+    # an assignment after the program's name is an argument, not the environment
+    assert "alloc_conf" not in parse_run_config("vllm serve m PYTORCH_CUDA_ALLOC_CONF=x", origin="s.sh").keys
+    with pytest.raises(InputError, match=r"^vllm PYTORCH_CUDA_ALLOC_CONF: "):
+        parse_run_config("PYTORCH_CUDA_ALLOC_CONF=bogus:1 vllm serve m", origin="s.sh")
+
+
 # ---- recognising formats ----------------------------------------------------------------------------
 
 

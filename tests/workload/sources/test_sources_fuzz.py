@@ -166,16 +166,24 @@ def _command(prefix: list[str], names: list[str]) -> st.SearchStrategy[str]:
     return st.lists(option, max_size=12).map(build) | st.text(max_size=80).map(lambda t: " ".join([*prefix, t]))
 
 
-@SETTINGS
-@given(_command(["trl", "sft", "--per_device_train_batch_size", "2"], sorted(trl._USED | trl._RELEVANT)))
-def test_trl(text: str) -> None:
-    _check(text, "run.sh", "trl")
+#: An environment assignment in front of the command (``PYTORCH_CUDA_ALLOC_CONF=... vllm serve ...``).
+_ENV = st.tuples(
+    st.sampled_from(["", "PYTORCH_CUDA_ALLOC_CONF=", "export PYTORCH_ALLOC_CONF=", "PYTORCH_NO_CUDA_MEMORY_CACHING="]),
+    st.sampled_from(["expandable_segments:True", "max_split_size_mb:64,roundup_power2_divisions:[256:1,>:2]",
+                     "expandable_segments:maybe", "x", ""]) | st.text(max_size=12),
+).map(lambda pair: f"{pair[0]}{shlex.quote(pair[1])} " if pair[0] else "")  # fmt: skip
 
 
 @SETTINGS
-@given(_command(["vllm", "serve", "Qwen/Qwen2.5-7B"], sorted(vllm._USED | set(vllm._WHY) | {"model"})))
-def test_vllm(text: str) -> None:
-    _check(text, "serve.sh", "vllm")
+@given(_ENV, _command(["trl", "sft", "--per_device_train_batch_size", "2"], sorted(trl._USED | trl._RELEVANT)))
+def test_trl(env: str, text: str) -> None:
+    _check(env + text, "run.sh", "trl")
+
+
+@SETTINGS
+@given(_ENV, _command(["vllm", "serve", "Qwen/Qwen2.5-7B"], sorted(vllm._USED | set(vllm._WHY) | {"model"})))
+def test_vllm(env: str, text: str) -> None:
+    _check(env + text, "serve.sh", "vllm")
 
 
 @SETTINGS

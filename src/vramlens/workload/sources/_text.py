@@ -14,7 +14,7 @@ from typing import Any, Final
 
 from vramlens.errors import InputError
 
-__all__ = ["Arguments", "as_bool", "as_int", "parse_command", "parse_document", "split_command"]
+__all__ = ["Arguments", "as_bool", "as_int", "environment", "parse_command", "parse_document", "split_command"]
 
 #: A command-line file with more tokens than this is not a command line.
 MAX_TOKENS: Final = 20_000
@@ -60,6 +60,39 @@ def split_command(text: str, origin: str) -> list[str]:
     except ValueError as exc:
         raise InputError(f"{origin}: cannot split the command line: {exc}") from None
     return tokens
+
+
+#: Words that end one shell command (``split_command`` keeps them as tokens).
+SEPARATORS: Final = frozenset({";", "&&", "||", "|", "&"})
+
+
+def _assignment(token: str) -> tuple[str, str] | None:
+    name, equals, value = token.partition("=")
+    if equals and name and (name[0].isalpha() or name[0] == "_") and name.replace("_", "").isalnum():
+        return name, value
+    return None
+
+
+def environment(tokens: list[str]) -> dict[str, str]:
+    """The environment variables a command line sets: ``NAME=value`` words in front of a command
+    (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True torchrun ...``) and ``export NAME=value``;
+    the last assignment wins. Nothing is expanded (``$VAR`` stays as written)."""
+    found: dict[str, str] = {}
+    leading = True
+    exporting = False
+    for token in tokens:
+        if token in SEPARATORS:
+            leading, exporting = True, False
+            continue
+        pair = _assignment(token)
+        if pair is not None and (leading or exporting):
+            found[pair[0]] = pair[1]
+            continue
+        if token == "export" and leading:
+            exporting = True
+            continue
+        leading = exporting = False
+    return found
 
 
 @dataclass

@@ -11,9 +11,16 @@ from typing import Any, Final
 from vramlens._files import read_small_text
 from vramlens.errors import InputError
 from vramlens.workload.sources._mapping import MappingBuilder, SourceNote
-from vramlens.workload.sources._text import parse_document, truthy
+from vramlens.workload.sources._text import environment, parse_document, truthy
 
-__all__ = ["MAX_SOURCE_BYTES", "ReadContext", "map_fsdp_words", "merge_deepspeed", "read_reference"]
+__all__ = [
+    "MAX_SOURCE_BYTES",
+    "ReadContext",
+    "map_environment",
+    "map_fsdp_words",
+    "merge_deepspeed",
+    "read_reference",
+]
 
 MAX_SOURCE_BYTES: Final = 1 << 20
 
@@ -134,3 +141,20 @@ def merge_deepspeed(out: MappingBuilder, key: str, value: Any, ctx: ReadContext)
     out.notes.append(SourceNote(text=f"{out.format} {key}: read {origin} as a DeepSpeed config", target=None))
     out.notes.extend(inner.notes)
     out.unmodelled.extend(inner.unmodelled)
+
+
+#: The environment variables that change GPU memory and the workload key each sets. A command line
+#: carries no library versions (workload key ``versions``): give them with ``--versions``.
+_ENVIRONMENT: Final = {"PYTORCH_CUDA_ALLOC_CONF": "alloc_conf", "PYTORCH_ALLOC_CONF": "alloc_conf"}
+#: Environment variables known to matter for memory that no workload key holds.
+_ENVIRONMENT_UNMODELLED: Final = frozenset({"PYTORCH_HIP_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING"})
+
+
+def map_environment(out: MappingBuilder, tokens: list[str]) -> None:
+    """Set ``alloc_conf`` from ``PYTORCH_CUDA_ALLOC_CONF`` (or torch 2.9's ``PYTORCH_ALLOC_CONF``)
+    assigned on the command line; list the other memory-relevant variables as not modelled."""
+    for name, value in environment(tokens).items():
+        if name in _ENVIRONMENT:
+            out.set(_ENVIRONMENT[name], value, name, why="the run's caching allocator settings")
+        elif name in _ENVIRONMENT_UNMODELLED:
+            out.not_modelled(name, value)

@@ -12,7 +12,8 @@ bare boolean flag is true): ``TrainingArguments`` (``--per_device_train_batch_si
 ``--use_bnb_nested_quant``, ``--load_in_8bit``). The launcher's process count
 (``--nproc_per_node``, ``--num_processes``, ``--num_gpus``) gives the GPUs. With ``--bf16`` and
 no ``--dtype``, the model's weights stay fp32 under autocast (``mixed-bf16``); with ``--dtype
-bfloat16`` they are bf16 (``bf16``).
+bfloat16`` they are bf16 (``bf16``). ``PYTORCH_CUDA_ALLOC_CONF=...`` in front of the command (or
+exported) sets ``alloc_conf``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,13 @@ from typing import Any, Final
 from vramlens.workload.sources._common import HF_ATTENTION, map_hf_optimizer
 from vramlens.workload.sources._mapping import MappingBuilder, SourcedWorkload
 from vramlens.workload.sources._text import Arguments, as_bool, as_int, parse_command
-from vramlens.workload.sources.shared import ReadContext, map_fsdp_words, merge_deepspeed, read_reference
+from vramlens.workload.sources.shared import (
+    ReadContext,
+    map_environment,
+    map_fsdp_words,
+    merge_deepspeed,
+    read_reference,
+)
 
 __all__ = ["detect", "read"]
 
@@ -79,6 +86,7 @@ def read(tokens: list[str], ctx: ReadContext) -> SourcedWorkload:
         else "transformers TrainingArguments defaults (no TRL script or TRL-only option seen)"
     )
     _launcher(out, args, ctx)
+    map_environment(out, tokens)
     if args.value("model_name_or_path"):
         out.set("model", args.value("model_name_or_path"), "--model_name_or_path")
     _batch(out, args, tokens, trl=trl)

@@ -6,6 +6,7 @@ Engine arguments as vLLM's ``EngineArgs`` reads them (dashes or underscores, ``-
 sequence may grow to it: the workload's ``context``), ``--max-num-seqs``, ``--block-size``,
 ``--max-num-batched-tokens``, ``--kv-cache-dtype``, ``--dtype``, ``--quantization``. How many
 sequences run at once is the load's, not the command's: ``batch`` stays the flag's.
+``PYTORCH_CUDA_ALLOC_CONF=...`` in front of the command (or exported) sets ``alloc_conf``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Final
 
 from vramlens.workload.sources._mapping import MappingBuilder, SourcedWorkload
 from vramlens.workload.sources._text import Arguments, as_int, parse_command
-from vramlens.workload.sources.shared import ReadContext
+from vramlens.workload.sources.shared import ReadContext, map_environment
 
 __all__ = ["detect", "read"]
 
@@ -80,6 +81,7 @@ def read(tokens: list[str], ctx: ReadContext) -> SourcedWorkload:
     out.fixed("mode", "infer", "a serving command")
     out.fixed("engine", "vllm", "vllm serve")
     out.fixed("framework", "vllm", "vllm serve")
+    map_environment(out, tokens)
     rest = tokens[_program_end(tokens) :]
     rest = rest[: next((i for i, t in enumerate(rest) if t in ("&&", ";", "|", "||", "&")), len(rest))]
     args = parse_command(rest, short=_SHORT)
