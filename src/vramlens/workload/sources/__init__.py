@@ -5,7 +5,9 @@ litgpt YAML, DeepSpeed JSON, accelerate config YAML, a TRL / HF ``TrainingArgume
 line and a ``vllm serve`` command line. Each reader maps what it knows to workload keys with a
 note per mapping (the report prints them as assumptions), lists the keys that matter for memory
 but have no workload equivalent, and ignores keys that do not matter (logging, data paths,
-schedules). Files are parsed, never executed.
+schedules). Files are parsed, never executed. Of the keys the files themselves do not hold, a
+command line's ``PYTORCH_CUDA_ALLOC_CONF=...`` sets ``alloc_conf`` (:func:`shared.map_environment`);
+no format carries ``versions`` (``--versions`` gives them).
 """
 
 from __future__ import annotations
