@@ -13,6 +13,7 @@ import sys
 import click
 
 from vramlens._version import __version__
+from vramlens.cli._output import echo
 from vramlens.cli.activations import activations_command
 from vramlens.cli.estimate import estimate_command
 from vramlens.cli.experiment import experiment_command
@@ -53,17 +54,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cli.main(args=argv, prog_name="vramlens", standalone_mode=False)
     except VramlensError as exc:
-        click.echo(f"error: {exc}", err=True)
+        echo(f"error: {exc}", err=True)
         return 2
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         return 130
     except click.UsageError as exc:
         command = exc.ctx.command_path if exc.ctx is not None else "vramlens"
-        click.echo(f"error: {exc.format_message()} (see '{command} --help')", err=True)
+        echo(f"error: {exc.format_message()} (see '{command} --help')", err=True)
         return exc.exit_code
     except click.ClickException as exc:
-        click.echo(f"error: {exc.format_message()}", err=True)
+        echo(f"error: {exc.format_message()}", err=True)
         return exc.exit_code
     except click.exceptions.Exit as exc:
         return exc.exit_code

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import PurePath
 from typing import Any
 
 from rich import box
-from rich.console import Console, Group
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
 from vramlens.report.forensics import Leak, LiveAllocation
 from vramlens.report.model import MemoryReport
 from vramlens.report.oom import OomForensics
+from vramlens.report.terminal import terminal_console
 from vramlens.report.text import add_phase_rows
 from vramlens.report.timeline_text import ASCII_TABLE_BOX, Bar, bar, timeline_renderable
 from vramlens.report.view import ViewReport
@@ -298,4 +298,4 @@ def diff_renderable(diff: ViewDiff) -> Group:
 
 def print_renderable(renderable: Any) -> None:
     """Print to stdout (the terminal's width on a terminal, 120 columns when piped)."""
-    Console(width=None if sys.stdout.isatty() else 120, highlight=False).print(renderable)
+    terminal_console().print(renderable)

@@ -21,26 +21,29 @@ import asyncio
 import dataclasses
 import json
 import re
-import tempfile
+import threading
 from collections import OrderedDict
 from functools import cache
-from pathlib import Path
 from typing import Any, Final
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.routing import Route
 
+from vramlens._untrusted import load_json
 from vramlens.errors import InputError
+from vramlens.plan.budget import PlanBudget, PlanCancelled
 from vramlens.report.model import MemoryReport
 from vramlens.units import format_bytes, format_count
 from vramlens.web.present import present_plan, present_report, present_view
 from vramlens.web.schema import PLAN_SCHEMA, WORKLOAD_SCHEMA, openapi_body
-from vramlens.web.uploads import UploadStore, parse_upload
+from vramlens.web.uploads import UploadStore, parse_upload, release_memory
+from vramlens.workload.spec import Workload
 
 __all__ = [
     "CACHED_ESTIMATES",
+    "CACHE_BYTES",
     "CONCURRENT_PLANS",
     "MAX_PLAN_GPUS",
     "RAW_PATHS",
@@ -57,8 +60,16 @@ _PLAN_KEYS = ("workload", "headroom", "allow_method_change", "top")
 MAX_PLAN_GPUS: Final = 1024
 #: Plans computed at once (each in a worker thread, ~0.01 to 5 s).
 CONCURRENT_PLANS: Final = 2
-#: Answers of ``/api/estimate`` kept (about 8 KiB each).
+#: Answers of ``/api/estimate`` kept (about 8 KiB each), and their bytes (keys included) at most.
 CACHED_ESTIMATES: Final = 512
+CACHE_BYTES: Final = 8 * 2**20
+#: Work one web plan may do: configurations estimated (~0.15 ms each) and seconds.
+WEB_PLAN_ESTIMATES: Final = 100_000
+WEB_PLAN_SECONDS: Final = 20.0
+#: A planner thread releases the GIL after this many estimates (the page's estimates go first).
+PLAN_YIELD_EVERY: Final = 4
+#: Bytes a compressed upload may inflate to (its parsed form takes several times that).
+MAX_INFLATED_UPLOAD_BYTES: Final = 64 * 2**20
 _RAW_BODY = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
 
 
@@ -68,16 +79,10 @@ def _store(request: Request) -> UploadStore:
 
 
 async def _json_object(request: Request) -> dict[str, Any]:
-    """The request body as a JSON object (one-line errors as for a workload file)."""
+    """The request body as a JSON object (one-line errors as for a workload file; nesting,
+    size, over-long numbers and NaN bounded by :func:`vramlens._untrusted.load_json`)."""
     raw = await request.body()
-    try:
-        data = json.loads(raw.decode("utf-8-sig"))
-    except UnicodeDecodeError:
-        raise InputError("request body: not UTF-8 text; expected a JSON object of workload keys") from None
-    except json.JSONDecodeError as exc:
-        raise InputError(f"request body: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-    except RecursionError:
-        raise InputError("request body: invalid JSON: nested too deeply") from None
+    data = load_json(raw, name="request body", what="a JSON object of workload keys")
     if not isinstance(data, dict):
         raise InputError(
             f"request body: expected a mapping of workload keys at the top level, got {type(data).__name__}"
@@ -95,7 +100,7 @@ def _with_model(workload: dict[str, Any]) -> dict[str, Any]:
     return workload
 
 
-def _report(workload: dict[str, Any], store: UploadStore) -> MemoryReport:
+def _report(workload: dict[str, Any] | Workload, store: UploadStore) -> MemoryReport:
     """The estimate of a workload dict, as :func:`vramlens.estimate.estimate` makes it (keys
     validated first, then the model and GPU resolved), with ``model`` resolved by the upload
     store: a catalog name or an ``upload:`` token, never a path."""
@@ -103,7 +108,7 @@ def _report(workload: dict[str, Any], store: UploadStore) -> MemoryReport:
     from vramlens.hardware import resolve_gpu
     from vramlens.workload.load import load_workload
 
-    loaded = load_workload(_with_model(workload))
+    loaded = workload if isinstance(workload, Workload) else load_workload(_with_model(workload))
     spec = store.resolve(loaded.model)
     return estimate_resolved(spec, loaded, resolve_gpu(loaded.gpu) if loaded.gpu is not None else None)
 
@@ -152,13 +157,27 @@ def gpus() -> list[dict[str, Any]]:
 
 
 class ResponseCache:
-    """The last :data:`CACHED_ESTIMATES` answers of ``/api/estimate`` by exact request body: the
-    page asks again for inputs it has shown (a slider moved back). Only successful answers are
-    kept; an ``upload:`` token names its upload's content, so a cached answer stays right."""
+    """Recent answers of ``/api/estimate``, keyed by the *normalised* workload (every key with
+    its validated value, :func:`~vramlens.workload.load.workload_to_dict`), never by the request
+    body: padding, key order or spelling (``8k``) cannot make two entries of one workload, and a
+    key is a few hundred bytes whatever the body was. At most :data:`CACHED_ESTIMATES` answers
+    and :data:`CACHE_BYTES` bytes of keys and answers are kept, least recently used dropped first.
+    Only successful answers are kept; an ``upload:`` token names its upload's content, so a
+    cached answer stays right."""
 
-    def __init__(self, capacity: int = CACHED_ESTIMATES) -> None:
+    def __init__(self, capacity: int = CACHED_ESTIMATES, max_bytes: int = CACHE_BYTES) -> None:
         self._answers: OrderedDict[bytes, bytes] = OrderedDict()
         self._capacity = capacity
+        self._max_bytes = max_bytes
+        self._bytes = 0
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes of the keys and answers held."""
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._answers)
 
     def get(self, key: bytes) -> bytes | None:
         answer = self._answers.get(key)
@@ -167,9 +186,24 @@ class ResponseCache:
         return answer
 
     def put(self, key: bytes, answer: bytes) -> None:
+        if len(key) + len(answer) > self._max_bytes:
+            return
+        old = self._answers.pop(key, None)
+        if old is not None:
+            self._bytes -= len(key) + len(old)
         self._answers[key] = answer
-        while len(self._answers) > self._capacity:
-            self._answers.popitem(last=False)
+        self._bytes += len(key) + len(answer)
+        while len(self._answers) > self._capacity or self._bytes > self._max_bytes:
+            dropped, value = self._answers.popitem(last=False)
+            self._bytes -= len(dropped) + len(value)
+
+
+def _cache_key(report: bool, workload: Any) -> bytes:
+    """The cache key of a validated workload: the answer's kind and its normalised keys."""
+    from vramlens.workload.load import workload_to_dict
+
+    normalised = json.dumps(workload_to_dict(workload), sort_keys=True, separators=(",", ":"))
+    return (b"r" if report else b"v") + normalised.encode()
 
 
 _REPORT_PARAMETER = {
@@ -204,12 +238,15 @@ def _flag(request: Request, name: str) -> bool:
 async def estimate_endpoint(request: Request) -> Response:
     """``POST /api/estimate``: a plain Starlette route (no dependency solving: it is the route
     the page calls on every change, ~0.1 ms saved of ~0.5); documented by :data:`RAW_PATHS`."""
+    from vramlens.workload.load import load_workload
+
     report = _flag(request, "report")
     cache: ResponseCache = request.app.state.estimates
-    key = (b"r" if report else b"v") + await request.body()
+    workload = load_workload(_with_model(await _json_object(request)))
+    key = _cache_key(report, workload)
     answer = cache.get(key)
     if answer is None:  # ~0.3-0.5 ms of work: computed on the event loop, no thread hop
-        result = _report(await _json_object(request), _store(request))
+        result = _report(workload, _store(request))
         content = {"report": result.to_dict()} if report else {}
         answer = bytes(JSONResponse({**content, "view": present_report(result)}).body)
         cache.put(key, answer)
@@ -219,7 +256,14 @@ async def estimate_endpoint(request: Request) -> Response:
 RAW_ROUTES: Final = (Route("/api/estimate", estimate_endpoint, methods=["POST"]),)
 
 
-@router.post("/report.html", summary="The HTML report of a workload", openapi_extra=openapi_body(WORKLOAD_SCHEMA))
+@router.post(
+    "/report.html",
+    summary="The HTML report of a workload",
+    response_class=HTMLResponse,
+    openapi_extra=openapi_body(
+        WORKLOAD_SCHEMA, answer="the HTML report `vramlens estimate --html` writes", media_type="text/html"
+    ),
+)
 async def report_html(request: Request) -> Response:
     from vramlens.report.html import render_html
 
@@ -266,15 +310,56 @@ async def plan_route(request: Request) -> Response:
             f"got {loaded.parallel.gpus}"
         )
     loaded = dataclasses.replace(loaded, model=_store(request).resolve(loaded.model))
+    withdrawn = threading.Event()
+    budget = PlanBudget(
+        max_estimates=WEB_PLAN_ESTIMATES,
+        max_seconds=WEB_PLAN_SECONDS,
+        cancel=(withdrawn, request.app.state.stop),
+        yield_every=PLAN_YIELD_EVERY,
+    )
 
     def run() -> Any:
-        return plan(loaded, headroom=headroom, allow_method_change=method, max_candidates=top)
+        try:
+            return plan(loaded, headroom=headroom, allow_method_change=method, max_candidates=top, budget=budget)
+        finally:
+            release_memory()
 
     async with _plans(request):
         if await request.is_disconnected():
             return Response(status_code=204)
-        result = await run_in_threadpool(run)
+        try:
+            result = await _watched(request, run, withdrawn)
+        except PlanCancelled:
+            return _stopped(request)
     return JSONResponse({"plan": result.to_dict(), "view": present_plan(result, top=top)})
+
+
+async def _watched(request: Request, work: Any, withdrawn: threading.Event) -> Any:
+    """``work()`` in a worker thread; ``withdrawn`` is set as soon as the client goes away (the
+    plan then stops at its next estimate). If this request is cancelled (the server stops),
+    ``withdrawn`` is set too before the cancellation goes on."""
+    task = asyncio.ensure_future(run_in_threadpool(work))
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=0.2)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                withdrawn.set()
+    except asyncio.CancelledError:
+        withdrawn.set()
+        raise
+
+
+def _stopped(request: Request) -> Response:
+    """The answer to a plan that was cancelled: 503 while the server stops, else none (the
+    client went away)."""
+    if request.app.state.stop.is_set():
+        from vramlens.web.app import error_response
+
+        response: Response = error_response(503, "server: stopping; the plan was cancelled")
+        return response
+    return Response(status_code=204)
 
 
 def _plans(request: Request) -> asyncio.Semaphore:
@@ -303,17 +388,14 @@ async def config_route(request: Request, name: str | None = Query(None, max_leng
 
 
 def _view(data: bytes, name: str, fmt: str) -> Any:
-    """``vramlens view`` of an uploaded record, read from a private temporary file."""
-    from vramlens.report.sources import open_source
+    """``vramlens view`` of an uploaded record, read from its bytes in memory (nothing is written
+    to disk, so nothing is left behind when a request is killed); a compressed upload inflates
+    to at most :data:`MAX_INFLATED_UPLOAD_BYTES`."""
+    from vramlens.report.sources import read_source
     from vramlens.report.view import build_view
 
-    with tempfile.TemporaryDirectory(prefix="vramlens-web-") as folder:
-        path = Path(folder) / name
-        path.write_bytes(data)
-        try:
-            view = build_view(open_source(path))
-        except InputError as error:
-            raise InputError(str(error).replace(str(path), name)) from None
+    try:
+        view = build_view(read_source(data, name=name, max_bytes=MAX_INFLATED_UPLOAD_BYTES))
         details = view.to_dict()
         details["source"]["path"] = name
         if fmt == "html":
@@ -321,12 +403,25 @@ def _view(data: bytes, name: str, fmt: str) -> Any:
 
             return render_html(view.report, details=details)
         return {"view": details, **present_view(view.report, details)}
+    finally:
+        release_memory()
 
 
 @router.post(
     "/snapshot",
     summary="View a memory snapshot, profiler export or vramlens timeline",
-    openapi_extra={"requestBody": {"required": True, "content": _RAW_BODY}},
+    openapi_extra={
+        "requestBody": {"required": True, "content": _RAW_BODY},
+        "responses": {
+            "200": {
+                "description": "`vramlens view` of the record: JSON, or with format=html its HTML report",
+                "content": {
+                    "application/json": {"schema": {"type": "object"}},
+                    "text/html": {"schema": {"type": "string"}},
+                },
+            }
+        },
+    },
 )
 async def snapshot_route(
     request: Request,

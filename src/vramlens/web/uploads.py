@@ -15,13 +15,21 @@ after a restart the page uploads again.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import hashlib
-import json
+import os
+import shutil
 import struct
+import tempfile
 import threading
+import time
 from collections import OrderedDict
+from functools import cache
+from pathlib import Path
 from typing import Any, Final
 
+from vramlens._untrusted import MAX_DOCUMENT_VALUES, load_json
 from vramlens.errors import CheckpointError, ConfigError, InputError
 from vramlens.model.catalog import find_entry, suggest_names
 from vramlens.model.resolve import model_from_config
@@ -31,11 +39,58 @@ from vramlens.model.spec import ModelSpec
 from vramlens.units import format_bytes, format_count
 from vramlens.web.limits import UploadKind, sniff_upload
 
-__all__ = ["MAX_UPLOADED_MODELS", "UPLOAD_PREFIX", "UploadStore", "parse_upload"]
+__all__ = [
+    "MAX_UPLOADED_MODELS",
+    "STALE_UPLOAD_PREFIX",
+    "UPLOAD_PREFIX",
+    "UploadStore",
+    "parse_upload",
+    "release_memory",
+    "sweep_stale_uploads",
+]
 
 #: Uploaded models kept at once (least recently used dropped first).
 MAX_UPLOADED_MODELS: Final = 32
 UPLOAD_PREFIX: Final = "upload:"
+#: Folders earlier versions wrote snapshot uploads to (now read in memory): swept at start-up.
+STALE_UPLOAD_PREFIX: Final = "vramlens-web-"
+
+
+def sweep_stale_uploads(folder: str | None = None, *, older_than_s: float = 60.0) -> int:
+    """Remove this user's ``vramlens-web-*`` folders in the temporary directory that are older
+    than ``older_than_s`` (left by a server that was killed while it read an upload); returns
+    how many were removed. Uploads are read in memory now, so only old versions leave them."""
+    base = Path(folder or tempfile.gettempdir())
+    removed = 0
+    now = time.time()
+    for entry in base.glob(f"{STALE_UPLOAD_PREFIX}*"):
+        try:
+            info = entry.lstat()
+            mine = not hasattr(os, "getuid") or info.st_uid == os.getuid()
+            if entry.is_dir() and not entry.is_symlink() and mine and now - info.st_mtime > older_than_s:
+                shutil.rmtree(entry)
+                removed += 1
+        except OSError:
+            continue
+    return removed
+
+
+@cache
+def _libc() -> Any:
+    name = ctypes.util.find_library("c")
+    try:
+        library = ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+    return library if library is not None and hasattr(library, "malloc_trim") else None
+
+
+def release_memory() -> None:
+    """Give memory freed by a large request back to the system (glibc keeps freed arenas of
+    worker threads otherwise, and the server's resident size would only grow); no-op elsewhere."""
+    library = _libc()
+    if library is not None:
+        library.malloc_trim(0)
 
 
 class UploadStore:
@@ -84,15 +139,8 @@ class UploadStore:
         return entry.spec()
 
 
-def _json(data: bytes, name: str) -> Any:
-    try:
-        return json.loads(data.decode("utf-8-sig"))
-    except UnicodeDecodeError:
-        raise ConfigError(f"{name}: not UTF-8 text; expected a JSON model config") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{name}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-    except RecursionError:
-        raise ConfigError(f"{name}: invalid JSON: nested too deeply") from None
+def _json(data: bytes, name: str, *, max_values: int | None = MAX_DOCUMENT_VALUES) -> Any:
+    return load_json(data, name=name, error=ConfigError, what="a JSON model config", max_values=max_values)
 
 
 def _index(document: dict[str, Any], name: str) -> dict[str, Any]:
@@ -123,7 +171,7 @@ def _index(document: dict[str, Any], name: str) -> dict[str, Any]:
 def _header(data: bytes, name: str) -> dict[str, Any]:
     """The first bytes of a ``.safetensors`` file: its tensors' dtypes, shapes and bytes."""
     (length,) = struct.unpack("<Q", data[:8])
-    header = _json(data[8 : 8 + length], name)
+    header = _json(data[8 : 8 + length], name, max_values=None)
     if not isinstance(header, dict):
         raise CheckpointError(f"{name}: corrupt safetensors header: expected a JSON object")
     tensors, metadata = header_entries(header, name, None)  # only the header is uploaded
