@@ -25,7 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+#: The source tree the subprocesses run (``HOSTILE_SRC`` runs the same tests against another
+#: checkout, e.g. to see them fail on the code before a fix).
+SRC = os.environ.get("HOSTILE_SRC") or str(Path(__file__).resolve().parents[1] / "src")
 #: The limits the issue names: 5 s and 512 MiB per input.
 SECONDS = 5.0
 MEMORY = 512 * 2**20

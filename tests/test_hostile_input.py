@@ -284,6 +284,20 @@ def test_7_rich_markup_in_a_config_prints_as_text(tmp_path: Path) -> None:
     assert "[/bold][red]LlamaForCausalLM" in outcome.stdout
 
 
+def test_7_rich_markup_in_a_run_name_prints_as_text(tmp_path: Path) -> None:
+    from vramlens.experiments.matrix import load_matrix
+
+    path = tmp_path / "m.yaml"
+    path.write_text("model: llama-3.2-1b\ndevice: cpu\nruns: [{name: '[/bold] run', techniques: []}]\n")
+    key = load_matrix(path).runs[0].key
+    store = tmp_path / "s.jsonl"  # the run is stored: nothing trains, the table and progress print
+    row = {"key": key, "name": "[/bold] run", "techniques": [], "measured_peak_bytes": 2**30, "device": "cpu"}
+    store.write_text(json.dumps(row) + "\n")
+    outcome = run_limited("experiment", "-c", str(path), "--store", str(store), "--no-simulate", seconds=30)
+    assert outcome.status == 0, outcome.stderr[-500:]
+    assert "[/bold] run" in outcome.stdout
+
+
 def test_7_a_parallel_block_that_is_not_a_mapping(tmp_path: Path) -> None:
     path = tmp_path / "run.yaml"
     path.write_text("model: llama-3.2-1b\nparallel: 5\n")

@@ -29,6 +29,7 @@ __all__ = [
     "LIMITS",
     "MAX_INFLATION",
     "FileKind",
+    "files_markdown",
     "gunzip",
     "inflation_limit",
     "open_regular",
@@ -72,6 +73,13 @@ def _size(limit: int) -> str:
             exact = limit % (1 << shift) == 0
             return f"{limit >> shift} {unit}" if exact else f"{limit / (1 << shift):,.1f} {unit}"
     return f"{limit:,} bytes"
+
+
+def files_markdown() -> str:
+    """The Markdown table of :data:`LIMITS` that ``docs/limits.md`` holds."""
+    lines = ["| file | largest accepted |", "| --- | --- |"]
+    lines += [f"| {kind.what} | {_size(kind.limit)} |" for kind in LIMITS.values()]
+    return "\n".join(lines) + "\n"
 
 
 def _describe(mode: int) -> str:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import reprlib
 from typing import Any, Final
 
@@ -258,6 +259,8 @@ def load_yaml(
     Errors are one line: ``{name}: invalid YAML at line L column C: problem``."""
     import yaml
 
+    if _flow_depth(text) > max_depth:  # PyYAML's scanner is quadratic in the nesting of [ and {
+        raise error(f"{name}: invalid YAML: nested too deeply (more than {max_depth} levels)")
     loader = None
     try:
         loader = _bounded_loader(yaml)(text)
@@ -277,6 +280,20 @@ def load_yaml(
     finally:
         if loader is not None:
             loader.dispose()
+
+
+#: Quoted scalars and comments of a YAML text (their brackets do not nest anything).
+_QUOTED: Final = re.compile(r"\"(?:[^\"\\\n]|\\.)*\"|'(?:[^'\n]|'')*'|#[^\n]*")
+_NOT_BRACKET: Final = re.compile(r"[^\[\]{}]+")
+
+
+def _flow_depth(text: str) -> int:
+    """How deep ``[`` and ``{`` nest in a YAML text (quoted strings and comments left out)."""
+    depth = deepest = 0
+    for char in _NOT_BRACKET.sub("", _QUOTED.sub("", text)):
+        depth = depth + 1 if char in "[{" else max(depth - 1, 0)
+        deepest = max(deepest, depth)
+    return deepest
 
 
 _LOADERS: dict[str, Any] = {}

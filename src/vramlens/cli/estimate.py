@@ -90,8 +90,11 @@ def _overrides(options: dict[str, Any]) -> dict[str, Any]:
 def _with_workload_options(func: Callable[..., Any]) -> Callable[..., Any]:
     for flag, (_, help_text) in reversed(list(SWITCHES.items())):
         func = click.option(f"--{flag}/--no-{flag}", default=None, help=help_text)(func)
-    for flag, (_, help_text) in reversed(list(FLAGS.items())):
-        func = click.option(f"--{flag}", default=None, metavar="VALUE", help=help_text)(func)
+    from vramlens.workload.ranges import RANGES
+
+    for flag, (path, help_text) in reversed(list(FLAGS.items())):
+        bounds = f" ({RANGES[path].describe()})" if path in RANGES else ""
+        func = click.option(f"--{flag}", default=None, metavar="VALUE", help=help_text + bounds)(func)
     return func
 
 

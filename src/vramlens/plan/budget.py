@@ -89,7 +89,9 @@ _CURRENT: ContextVar[PlanBudget | None] = ContextVar("vramlens_plan_budget", def
 
 @contextmanager
 def budget_scope(budget: PlanBudget) -> Iterator[PlanBudget]:
-    """Run the block with ``budget`` as the plan budget of this thread (or task)."""
+    """Run the block with ``budget`` as the plan budget of this thread (or task); its seconds
+    count from here (not from when it was made: a web plan may first wait for a slot)."""
+    budget.started = time.monotonic()
     token = _CURRENT.set(budget)
     try:
         yield budget

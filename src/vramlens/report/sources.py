@@ -23,7 +23,6 @@ categories exact at every instant (only the age of an allocation can be wrong).
 from __future__ import annotations
 
 import io
-import os
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager

@@ -17,6 +17,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from vramlens._untrusted import abridge
 from vramlens.categories import Category
 from vramlens.report.model import MemoryReport, PhaseMemory
 from vramlens.report.terminal import terminal_console
@@ -108,10 +109,10 @@ def add_phase_rows(
     for phase in phases:
         marker = " <- peak" if phase.name == report.peak_phase else ""
         table.add_row(
-            phase.name + marker,
+            abridge(phase.name, 120) + marker,  # a snapshot's annotation: any length
             format_bytes(phase.allocated_bytes),
             _bar(phase.allocated_bytes / top, 16, ascii_only=ascii_only),
-            phase.note,
+            abridge(phase.note, 200),
         )
 
 

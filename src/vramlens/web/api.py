@@ -18,10 +18,8 @@ Bodies are read by hand and validated by the workload loader, so a bad value ans
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import re
-import threading
 from collections import OrderedDict
 from functools import cache
 from typing import Any, Final
@@ -33,10 +31,10 @@ from starlette.routing import Route
 
 from vramlens._untrusted import load_json
 from vramlens.errors import InputError
-from vramlens.plan.budget import PlanBudget, PlanCancelled
+from vramlens.plan.budget import PlanCancelled
 from vramlens.report.model import MemoryReport
 from vramlens.units import format_bytes, format_count
-from vramlens.web.present import present_plan, present_report, present_view
+from vramlens.web.present import present_report, present_view
 from vramlens.web.schema import PLAN_SCHEMA, WORKLOAD_SCHEMA, openapi_body
 from vramlens.web.uploads import UploadStore, parse_upload, release_memory
 from vramlens.workload.spec import Workload
@@ -63,11 +61,6 @@ CONCURRENT_PLANS: Final = 2
 #: Answers of ``/api/estimate`` kept (about 8 KiB each), and their bytes (keys included) at most.
 CACHED_ESTIMATES: Final = 512
 CACHE_BYTES: Final = 8 * 2**20
-#: Work one web plan may do: configurations estimated (~0.15 ms each) and seconds.
-WEB_PLAN_ESTIMATES: Final = 100_000
-WEB_PLAN_SECONDS: Final = 20.0
-#: A planner thread releases the GIL after this many estimates (the page's estimates go first).
-PLAN_YIELD_EVERY: Final = 4
 #: Bytes a compressed upload may inflate to (its parsed form takes several times that).
 MAX_INFLATED_UPLOAD_BYTES: Final = 64 * 2**20
 _RAW_BODY = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
@@ -297,10 +290,11 @@ def _plan_arguments(body: dict[str, Any]) -> tuple[dict[str, Any], float, bool, 
 
 @router.post("/plan", summary="Configurations that fit, fastest first", openapi_extra=openapi_body(PLAN_SCHEMA))
 async def plan_route(request: Request) -> Response:
-    """The planner in a worker thread, at most :data:`CONCURRENT_PLANS` at once; a request
-    whose client went away while it waited (the page asked again) is not planned."""
-    from vramlens.plan import plan
-    from vramlens.workload.load import load_workload
+    """The planner in a process of its own (:mod:`vramlens.web.planning`), at most
+    :data:`CONCURRENT_PLANS` at once; a request whose client went away while it waited (the
+    page asked again) is not planned, and one whose client goes away while it runs is stopped."""
+    from vramlens.web.planning import PlanRunner
+    from vramlens.workload.load import load_workload, workload_to_dict
 
     workload, headroom, method, top = _plan_arguments(await _json_object(request))
     loaded = load_workload(_with_model(workload))
@@ -309,46 +303,18 @@ async def plan_route(request: Request) -> Response:
             f"parallel.gpus: the web planner plans up to {MAX_PLAN_GPUS} GPUs (vramlens plan has no limit), "
             f"got {loaded.parallel.gpus}"
         )
-    loaded = dataclasses.replace(loaded, model=_store(request).resolve(loaded.model))
-    withdrawn = threading.Event()
-    budget = PlanBudget(
-        max_estimates=WEB_PLAN_ESTIMATES,
-        max_seconds=WEB_PLAN_SECONDS,
-        cancel=(withdrawn, request.app.state.stop),
-        yield_every=PLAN_YIELD_EVERY,
-    )
-
-    def run() -> Any:
-        try:
-            return plan(loaded, headroom=headroom, allow_method_change=method, max_candidates=top, budget=budget)
-        finally:
-            release_memory()
-
+    recipe = _store(request).recipe(loaded.model)  # the plan's process builds the model from it
+    runner: PlanRunner = request.app.state.planner
     async with _plans(request):
         if await request.is_disconnected():
             return Response(status_code=204)
         try:
-            result = await _watched(request, run, withdrawn)
+            answer = await runner.run(
+                (recipe, workload_to_dict(loaded), headroom, method, top), request.is_disconnected
+            )
         except PlanCancelled:
             return _stopped(request)
-    return JSONResponse({"plan": result.to_dict(), "view": present_plan(result, top=top)})
-
-
-async def _watched(request: Request, work: Any, withdrawn: threading.Event) -> Any:
-    """``work()`` in a worker thread; ``withdrawn`` is set as soon as the client goes away (the
-    plan then stops at its next estimate). If this request is cancelled (the server stops),
-    ``withdrawn`` is set too before the cancellation goes on."""
-    task = asyncio.ensure_future(run_in_threadpool(work))
-    try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=0.2)
-            if done:
-                return task.result()
-            if await request.is_disconnected():
-                withdrawn.set()
-    except asyncio.CancelledError:
-        withdrawn.set()
-        raise
+    return JSONResponse(answer)
 
 
 def _stopped(request: Request) -> Response:

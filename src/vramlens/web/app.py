@@ -11,7 +11,7 @@ bodies over 10 MiB are 413 and bodies slower than 30 s 408 (:mod:`vramlens.web.l
 unknown routes 404, wrong methods 405 (with ``Allow``). ``hosts`` are the accepted ``Host``
 headers (DNS-rebinding guard; ``None`` accepts any); an ``Origin`` must be the server's own
 whatever ``hosts`` is (another page gets 403). The OpenAPI document lists exactly these answers.
-``app.state.stop`` is set when the server stops: running plans end at their next estimate.
+``app.state.stop`` is set when the server stops (:func:`stop`); running plans are killed then.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any, Final
 
 from vramlens._extras import require
 
-__all__ = ["LOCAL_HOSTS", "create_app", "error_response", "warm_up"]
+__all__ = ["LOCAL_HOSTS", "create_app", "error_response", "stop", "warm_up"]
 
 #: Host headers a server bound to loopback answers.
 LOCAL_HOSTS: Final = ("127.0.0.1", "localhost", "[::1]")
@@ -157,10 +157,17 @@ def warm_up() -> None:
 @asynccontextmanager
 async def _lifespan(app: Any) -> AsyncIterator[None]:
     warm_up()
+    app.state.planner.start()
     try:
         yield
     finally:
-        app.state.stop.set()
+        stop(app)
+
+
+def stop(app: Any) -> None:
+    """Set the app's stop switch and kill its running plans (the server is stopping)."""
+    app.state.stop.set()
+    app.state.planner.stop_all()
 
 
 def create_app(*, hosts: Sequence[str] | None = LOCAL_HOSTS) -> Any:
@@ -169,6 +176,7 @@ def create_app(*, hosts: Sequence[str] | None = LOCAL_HOSTS) -> Any:
     from vramlens._version import __version__
     from vramlens.web.api import RAW_PATHS, RAW_ROUTES, ResponseCache, router
     from vramlens.web.limits import BodyLimit, HostCheck
+    from vramlens.web.planning import PlanRunner
     from vramlens.web.uploads import UploadStore
 
     app = fastapi.FastAPI(
@@ -182,6 +190,7 @@ def create_app(*, hosts: Sequence[str] | None = LOCAL_HOSTS) -> Any:
     app.state.uploads = UploadStore()
     app.state.estimates = ResponseCache()
     app.state.stop = threading.Event()
+    app.state.planner = PlanRunner()
     app.include_router(router)
     app.router.routes.extend(RAW_ROUTES)
     _document(app, RAW_PATHS)

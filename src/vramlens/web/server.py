@@ -11,11 +11,11 @@ one byte a minute make every other request fail. Here:
 * at most :data:`MAX_CONNECTIONS` connections are open (and never more than the descriptors
   allow): a new connection beyond that closes the one that has waited longest for its
   headers (a slow client), or is itself closed when every connection is busy;
-* SIGTERM or Ctrl+C sets the app's stop switch (``app.state.stop``): plans running in worker
-  threads end within one estimate (:mod:`vramlens.plan.budget`), requests still running
-  after :data:`GRACEFUL_S` are cancelled, and the process exits;
-* the event loop thread gets the GIL back within :data:`SWITCH_INTERVAL_S` of asking, so a
-  plan in a worker thread cannot hold up the estimates the page asks for.
+* SIGTERM or Ctrl+C sets the app's stop switch and kills the running plans (each runs in a
+  process of its own, :mod:`vramlens.web.planning`); requests still running after
+  :data:`GRACEFUL_S` are cancelled, and the process exits;
+* the event loop thread gets the GIL back within :data:`SWITCH_INTERVAL_S` of asking, so the
+  work of worker threads (HTML reports, snapshot uploads) cannot hold up the page's estimates.
 """
 
 from __future__ import annotations
@@ -150,11 +150,11 @@ def run_server(app: Any, *, host: str, port: int) -> None:
         timeout_graceful_shutdown=GRACEFUL_S,
         lifespan="on",
     )
-    stop = app.state.stop
+    from vramlens.web.app import stop
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
-            stop.set()  # planner threads stop at their next estimate
+            stop(app)  # running plans are killed now, not after the graceful wait
             super().handle_exit(sig, frame)
 
     sys.setswitchinterval(SWITCH_INTERVAL_S)

@@ -41,9 +41,11 @@ from vramlens.web.limits import UploadKind, sniff_upload
 
 __all__ = [
     "MAX_UPLOADED_MODELS",
+    "ModelRecipe",
     "STALE_UPLOAD_PREFIX",
     "UPLOAD_PREFIX",
     "UploadStore",
+    "build_model",
     "parse_upload",
     "release_memory",
     "sweep_stale_uploads",
@@ -93,22 +95,55 @@ def release_memory() -> None:
         library.malloc_trim(0)
 
 
+#: How to build a model in another process: ``("catalog", name, _)`` or ``("config", document,
+#: name, source)`` (plain data: it is pickled to the plan's process).
+ModelRecipe = tuple[Any, ...]
+
+
+def build_model(recipe: ModelRecipe) -> ModelSpec:
+    """The model a :meth:`UploadStore.recipe` describes."""
+    if recipe[0] == "catalog":
+        entry = find_entry(recipe[1])
+        if entry is None:
+            raise InputError(f"model: {recipe[1]!r} is not a catalog name")
+        return entry.spec()
+    _, document, name, source = recipe
+    return model_from_config(document, name=name, source=source)
+
+
 class UploadStore:
     """Uploaded model specs by token, least recently used dropped first (thread-safe)."""
 
     def __init__(self, capacity: int = MAX_UPLOADED_MODELS) -> None:
         self._specs: OrderedDict[str, ModelSpec] = OrderedDict()
+        self._recipes: dict[str, ModelRecipe] = {}
         self._capacity = capacity
         self._lock = threading.Lock()
 
-    def add(self, spec: ModelSpec, data: bytes) -> str:
+    def add(self, spec: ModelSpec, data: bytes, recipe: ModelRecipe | None = None) -> str:
+        """Keep ``spec`` (uploaded as ``data``) under its token; ``recipe`` rebuilds it in
+        another process (a plan's, :func:`build_model`)."""
         token = UPLOAD_PREFIX + hashlib.sha256(data).hexdigest()[:12]
         with self._lock:
             self._specs[token] = spec
             self._specs.move_to_end(token)
+            if recipe is not None:
+                self._recipes[token] = recipe
             while len(self._specs) > self._capacity:
-                self._specs.popitem(last=False)
+                dropped, _ = self._specs.popitem(last=False)
+                self._recipes.pop(dropped, None)
         return token
+
+    def recipe(self, reference: Any) -> ModelRecipe:
+        """How :func:`build_model` rebuilds the model of a workload's ``model`` value in another
+        process (refused as :meth:`resolve` refuses)."""
+        spec = self.resolve(reference)
+        text = str(reference).strip()
+        with self._lock:
+            found = self._recipes.get(text)
+        if found is not None:
+            return found
+        return ("catalog", text, spec.name)
 
     def resolve(self, reference: Any) -> Any:
         """The model of a workload's ``model`` value: an uploaded spec for ``upload:...``, a
@@ -197,8 +232,9 @@ def parse_upload(data: bytes, name: str, store: UploadStore) -> dict[str, Any]:
     if "weight_map" in document:
         return _index(document, name)
     stem = name.rsplit("/", 1)[-1].removesuffix(".json")
-    spec = model_from_config(document, name=stem if stem and stem != "config" else None, source=name)
-    token = store.add(spec, data)
+    shown = stem if stem and stem != "config" else None
+    spec = model_from_config(document, name=shown, source=name)
+    token = store.add(spec, data, ("config", document, shown, name))
     summary = spec_summary(spec)
     note = (
         f"{name}: {spec.name} ({spec.model_type}), {format_count(spec.num_parameters)} parameters, "
