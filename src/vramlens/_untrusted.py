@@ -149,54 +149,74 @@ def check_tree(
     time linear in the distinct objects however large the expansion."""
     if type(obj) not in _CONTAINER_TYPES:
         return 1
+    return _TreeCheck(name, max_values, max_depth, error).run(obj)
 
-    def fail(problem: str) -> VramlensError:
-        return error(f"{name}: refused: {problem}")
 
-    done: dict[int, tuple[int, int]] = {}  # id -> (expanded values, height)
-    keep = [obj]  # every visited container stays alive, so that its id stays unique
-    expansion = f"shared references expand to more than {max_values:,} values (a 'billion laughs' document)"
-    children, count = _children(obj)
-    path = [[obj, children, 0, 1 + count, 0]]  # node, container children, next child, values, tallest child
-    on_path = {id(obj)}
-    while path:
-        frame = path[-1]
-        children, index, total, tallest = frame[1], frame[2], frame[3], frame[4]
-        descend = None
+class _TreeCheck:
+    """The walk of :func:`check_tree`: a depth-first walk with an explicit stack of frames
+    ``[node, container children, next child, values so far, tallest child]``."""
+
+    def __init__(self, name: str, max_values: int, max_depth: int, error: type[VramlensError]) -> None:
+        self.name, self.max_values, self.max_depth, self.error = name, max_values, max_depth, error
+        self.done: dict[int, tuple[int, int]] = {}  # id -> (expanded values, height)
+        self.keep: list[Any] = []  # every visited container stays alive, so that its id stays unique
+        self.on_path: set[int] = set()
+
+    def fail(self, problem: str) -> VramlensError:
+        return self.error(f"{self.name}: refused: {problem}")
+
+    def run(self, obj: Any) -> int:
+        path = [self._frame(obj)]
+        while path:
+            frame = path[-1]
+            pending = self._advance(frame)
+            if len(path) + frame[4] > self.max_depth:
+                raise self.fail(f"values nested deeper than {self.max_depth} levels")
+            if pending is not None:
+                path.append(self._frame(pending))
+                continue
+            self.done[id(frame[0])] = (frame[3], frame[4] + 1)
+            self.on_path.discard(id(frame[0]))
+            path.pop()
+        return self.done[id(obj)][0]
+
+    def _frame(self, node: Any) -> list[Any]:
+        children, count = _children(node)
+        self.keep.append(node)
+        self.on_path.add(id(node))
+        return [node, children, 0, 1 + count, 0]
+
+    def _advance(self, frame: list[Any]) -> Any:
+        """Add the frame's children that are known, or hold only known containers, to its
+        counts; the first child that must be visited first, or None when all are counted."""
+        children, done, on_path = frame[1], self.done, self.on_path
+        index, total, tallest = frame[2], frame[3], frame[4]
+        pending = None
         while index < len(children):
             child = children[index]
             seen = done.get(id(child))
             if seen is None:
                 if id(child) in on_path:
-                    raise fail("a value that contains itself (a cyclic reference)")
+                    raise self.fail("a value that contains itself (a cyclic reference)")
                 grandchildren, count = _children(child)
                 found = [done.get(id(grandchild)) for grandchild in grandchildren]
-                known = [item for item in found if item is not None]
-                if len(known) < len(found):  # visit it first
-                    descend = (child, grandchildren, count)
+                if None in found:
+                    pending = child
                     break
+                known = [item for item in found if item is not None]
                 seen = (1 + count + sum(k[0] - 1 for k in known), 1 + max((k[1] for k in known), default=0))
                 done[id(child)] = seen
-                keep.append(child)
+                self.keep.append(child)
             index += 1
             total += seen[0] - 1
             tallest = max(tallest, seen[1])
-            if total > max_values:
-                raise fail(expansion)
+            if total > self.max_values:
+                raise self.fail(
+                    f"shared references expand to more than {self.max_values:,} values "
+                    "(a 'billion laughs' document); vramlens reads plain data"
+                )
         frame[2], frame[3], frame[4] = index, total, tallest
-        if len(path) + tallest > max_depth:
-            raise fail(f"values nested deeper than {max_depth} levels")
-        if descend is not None:
-            child, grandchildren, count = descend
-            keep.append(child)
-            on_path.add(id(child))
-            path.append([child, grandchildren, 0, 1 + count, 0])
-            continue
-        node = frame[0]
-        done[id(node)] = (total, tallest + 1)
-        on_path.discard(id(node))
-        path.pop()
-    return done[id(obj)][0]
+        return pending
 
 
 class _NotFinite(ValueError):

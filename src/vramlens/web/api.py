@@ -18,9 +18,7 @@ Bodies are read by hand and validated by the workload loader, so a bad value ans
 from __future__ import annotations
 
 import asyncio
-import json
 import re
-from collections import OrderedDict
 from functools import cache
 from typing import Any, Final
 
@@ -34,19 +32,17 @@ from vramlens.errors import InputError
 from vramlens.plan.budget import PlanCancelled
 from vramlens.report.model import MemoryReport
 from vramlens.units import format_bytes, format_count
+from vramlens.web.cache import ResponseCache, cache_key
 from vramlens.web.present import present_report, present_view
 from vramlens.web.schema import PLAN_SCHEMA, WORKLOAD_SCHEMA, openapi_body
 from vramlens.web.uploads import UploadStore, parse_upload, release_memory
 from vramlens.workload.spec import Workload
 
 __all__ = [
-    "CACHED_ESTIMATES",
-    "CACHE_BYTES",
     "CONCURRENT_PLANS",
     "MAX_PLAN_GPUS",
     "RAW_PATHS",
     "RAW_ROUTES",
-    "ResponseCache",
     "router",
 ]
 
@@ -58,9 +54,6 @@ _PLAN_KEYS = ("workload", "headroom", "allow_method_change", "top")
 MAX_PLAN_GPUS: Final = 1024
 #: Plans computed at once (each in a worker thread, ~0.01 to 5 s).
 CONCURRENT_PLANS: Final = 2
-#: Answers of ``/api/estimate`` kept (about 8 KiB each), and their bytes (keys included) at most.
-CACHED_ESTIMATES: Final = 512
-CACHE_BYTES: Final = 8 * 2**20
 #: Bytes a compressed upload may inflate to (its parsed form takes several times that).
 MAX_INFLATED_UPLOAD_BYTES: Final = 64 * 2**20
 _RAW_BODY = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
@@ -149,56 +142,6 @@ def gpus() -> list[dict[str, Any]]:
     ]
 
 
-class ResponseCache:
-    """Recent answers of ``/api/estimate``, keyed by the *normalised* workload (every key with
-    its validated value, :func:`~vramlens.workload.load.workload_to_dict`), never by the request
-    body: padding, key order or spelling (``8k``) cannot make two entries of one workload, and a
-    key is a few hundred bytes whatever the body was. At most :data:`CACHED_ESTIMATES` answers
-    and :data:`CACHE_BYTES` bytes of keys and answers are kept, least recently used dropped first.
-    Only successful answers are kept; an ``upload:`` token names its upload's content, so a
-    cached answer stays right."""
-
-    def __init__(self, capacity: int = CACHED_ESTIMATES, max_bytes: int = CACHE_BYTES) -> None:
-        self._answers: OrderedDict[bytes, bytes] = OrderedDict()
-        self._capacity = capacity
-        self._max_bytes = max_bytes
-        self._bytes = 0
-
-    @property
-    def size_bytes(self) -> int:
-        """Bytes of the keys and answers held."""
-        return self._bytes
-
-    def __len__(self) -> int:
-        return len(self._answers)
-
-    def get(self, key: bytes) -> bytes | None:
-        answer = self._answers.get(key)
-        if answer is not None:
-            self._answers.move_to_end(key)
-        return answer
-
-    def put(self, key: bytes, answer: bytes) -> None:
-        if len(key) + len(answer) > self._max_bytes:
-            return
-        old = self._answers.pop(key, None)
-        if old is not None:
-            self._bytes -= len(key) + len(old)
-        self._answers[key] = answer
-        self._bytes += len(key) + len(answer)
-        while len(self._answers) > self._capacity or self._bytes > self._max_bytes:
-            dropped, value = self._answers.popitem(last=False)
-            self._bytes -= len(dropped) + len(value)
-
-
-def _cache_key(report: bool, workload: Any) -> bytes:
-    """The cache key of a validated workload: the answer's kind and its normalised keys."""
-    from vramlens.workload.load import workload_to_dict
-
-    normalised = json.dumps(workload_to_dict(workload), sort_keys=True, separators=(",", ":"))
-    return (b"r" if report else b"v") + normalised.encode()
-
-
 _REPORT_PARAMETER = {
     "name": "report",
     "in": "query",
@@ -236,7 +179,7 @@ async def estimate_endpoint(request: Request) -> Response:
     report = _flag(request, "report")
     cache: ResponseCache = request.app.state.estimates
     workload = load_workload(_with_model(await _json_object(request)))
-    key = _cache_key(report, workload)
+    key = cache_key(report, workload)
     answer = cache.get(key)
     if answer is None:  # ~0.3-0.5 ms of work: computed on the event loop, no thread hop
         result = _report(workload, _store(request))

@@ -174,7 +174,8 @@ def create_app(*, hosts: Sequence[str] | None = LOCAL_HOSTS) -> Any:
     """The ASGI application (a ``fastapi.FastAPI``); needs the ``[web]`` extra."""
     fastapi = require("fastapi", purpose="vramlens serve")
     from vramlens._version import __version__
-    from vramlens.web.api import RAW_PATHS, RAW_ROUTES, ResponseCache, router
+    from vramlens.web.api import RAW_PATHS, RAW_ROUTES, router
+    from vramlens.web.cache import ResponseCache
     from vramlens.web.limits import BodyLimit, HostCheck
     from vramlens.web.planning import PlanRunner
     from vramlens.web.uploads import UploadStore
