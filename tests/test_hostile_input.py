@@ -364,8 +364,12 @@ def test_8_control_characters_from_a_config_are_escaped_on_the_terminal(tmp_path
 
 
 def test_8_control_characters_in_error_lines_are_escaped(tmp_path: Path) -> None:
-    outcome = run_limited("estimate", "no-such-model-\x1b[2J")
-    assert "\x1b" not in outcome.stderr and "no-such-model-\\x1b[2J" in outcome.stderr
+    model = tmp_path / "model\x1b]0;pwned\x07"  # a model folder's name becomes the model's name
+    model.mkdir()
+    _config(model, max_position_embeddings=128)
+    outcome = run_limited("estimate", str(model), "--seq", "4096")  # longer than the model's positions
+    assert_one_line_error(outcome, "model\\x1b]0;pwned\\x07", "max_position_embeddings")
+    assert "\x1b" not in outcome.stderr and "\x07" not in outcome.stderr
 
 
 # ---- 10. finite, plausible numbers; never NaN in JSON -------------------------------------------
