@@ -63,13 +63,22 @@ def test_show_table_for_an_moe_model(capsys: pytest.CaptureFixture[str]) -> None
 
 def test_show_a_config_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "config.json"
-    path.write_text(json.dumps(tiny_llama_config(model_type="my_llama")))
+    config = tiny_llama_config()
+    del config["tie_word_embeddings"]  # read with transformers' default, which the report says
+    path.write_text(json.dumps(config))
     status, out, _ = run(["models", "show", str(path), "--format", "json"], capsys)
     data = json.loads(out)
-    assert status == 0 and data["model_type"] == "my_llama"
-    assert any("Llama-style" in a for a in data["assumptions"])
+    assert status == 0 and data["model_type"] == "llama"
+    assert any("tie_word_embeddings" in a for a in data["assumptions"])
     status, out, _ = run(["models", "show", str(path)], capsys)
     assert status == 0 and "assumptions" in out
+
+
+def test_show_refuses_an_unknown_model_type_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(tiny_llama_config(model_type="my_llama")))
+    status, out, err = run(["models", "show", str(path)], capsys)
+    assert status == 2 and out == "" and err.count("\n") == 1 and "model_type 'my_llama'" in err
 
 
 @pytest.mark.parametrize(
@@ -155,3 +164,17 @@ def test_show_a_checkpoint_directory_reports_stored_bytes(tmp_path: Path, capsys
     assert data["checkpoint"]["bytes_by_dtype"] == {"BF16": 2 * data["parameters"]}
     status, out, _ = run(["models", "show", str(tmp_path)], capsys)
     assert status == 0 and "checkpoint" in out and "11 tensors" in out
+
+
+def test_progress_notes_escape_what_they_quote(capsys: pytest.CaptureFixture[str]) -> None:
+    """A note (e.g. 'reading PATH from transformers' code') quotes a path or config strings: its
+    control characters are escaped and its length capped like every line the CLI prints (issue 21)."""
+    import logging
+
+    from vramlens.cli.app import _notes_on_stderr
+
+    _notes_on_stderr()
+    logging.getLogger("vramlens.model.generic").info("reading %s", "/m/\x1b]0;pwned\x07" + "a" * 5000)
+    err = capsys.readouterr().err
+    assert err.startswith("note: reading /m/\\x1b]0;pwned\\x07") and "\x1b" not in err and "\x07" not in err
+    assert len(err) < 1100 and err.count("\n") == 1

@@ -30,7 +30,7 @@ from conftest import requires_hf
 from vramlens.estimate.activations import layer_saved_parts
 from vramlens.estimate.context import resolve_training
 from vramlens.estimate.layout import lora_targets
-from vramlens.estimate.recompute import _recipe, train_state
+from vramlens.estimate.recompute import _recipe, layer_kind, train_state
 from vramlens.model.resolve import model_from_config
 from vramlens.workload.load import load_workload
 
@@ -52,12 +52,32 @@ _CONFIGS = {
     "llama-relu": {**FAMILY_CONFIGS["llama"], "hidden_act": "relu"},
     "llama-gelu-new": {**FAMILY_CONFIGS["llama"], "hidden_act": "gelu_new"},
 }
-_EAGER_ONLY = {"falcon-mqa", "deepseek_v2", "deepseek_v3", "gemma2"}
-_MOE = {"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3"}
-_SKIP = {"gemma3"}  # multimodal wrapper: its text tower is gemma3_text, covered below
+# gpt-oss: transformers refuses SDPA (attention sinks); eager is its default.
+_EAGER_ONLY = {"falcon-mqa", "deepseek_v2", "deepseek_v3", "gemma2", "gpt_oss", "gpt_oss-layer-types"}
+_MOE = {
+    "mixtral",
+    "qwen2_moe",
+    "qwen3_moe",
+    "deepseek_v2",
+    "deepseek_v3",
+    "olmoe",
+    "olmoe-clip-norm-topk",
+    "qwen3_vl_moe",
+}
+_SKIP = {"gemma3", "llama4"}  # multimodal wrappers whose text decoders are covered on their own
+#: Decoder layers compared, one of each kind the config has (default: layer 1).
+_LAYERS = {
+    "gpt_oss": (1, 2),  # full, sliding
+    "gpt_oss-layer-types": (1, 3),  # sliding, full
+    "smollm3-nope-sliding": (1, 2),  # NoPE sliding, RoPE full
+    "smollm3": (2, 3),  # RoPE, NoPE
+    "cohere2": (1, 3),  # sliding with RoPE, full NoPE
+    "glm4_moe": (0, 1),  # dense, MoE
+    "glm4_moe-two-shared": (1, 2),  # dense, MoE
+}
 
 
-def _cases() -> list[tuple[str, str, str]]:
+def _cases() -> list[tuple[str, str, str, int]]:
     cases = []
     for family in _CONFIGS:
         if family in _SKIP:
@@ -66,7 +86,7 @@ def _cases() -> list[tuple[str, str, str]]:
             for attention in ("sdpa", "eager"):
                 if attention == "sdpa" and family in _EAGER_ONLY:
                     continue
-                cases.append((family, precision, attention))
+                cases += [(family, precision, attention, layer) for layer in _LAYERS.get(family, (1,))]
     return cases
 
 
@@ -78,9 +98,8 @@ def estimated_per_token(config: dict, *, precision: str, attention: str, layer: 
     )
     ctx = resolve_training(spec, workload)
     recipe = _recipe(ctx, train_state(ctx, lora_targets(ctx)), [])
-    spec_layer = spec.layers[layer]
-    sliding = spec_layer.window is not None and spec_layer.window < _SEQ
-    return sum(part.bytes_per_token for part in layer_saved_parts(recipe, moe_layer=spec_layer.moe, sliding=sliding))
+    moe, masked, rope = layer_kind(spec.layers[layer], _SEQ)
+    return sum(part.bytes_per_token for part in layer_saved_parts(recipe, moe_layer=moe, sliding=masked, rope=rope))
 
 
 def _tolerance(family: str, precision: str) -> float:
@@ -90,15 +109,33 @@ def _tolerance(family: str, precision: str) -> float:
     return 0.015 if (layer_norm and precision == "bf16") else 0.0
 
 
-@pytest.mark.parametrize(("family", "precision", "attention"), _cases())
-def test_layer_recipe_matches_autograd(family: str, precision: str, attention: str) -> None:
+@pytest.mark.parametrize(("family", "precision", "attention", "layer"), _cases())
+def test_layer_recipe_matches_autograd(family: str, precision: str, attention: str, layer: int) -> None:
     from hf_saved import layer_saved_bytes_per_token
 
     dtype = {"bf16": "bfloat16", "fp32": "float32"}[precision]
     config = _CONFIGS[family]
-    truth = layer_saved_bytes_per_token(config, dtype=dtype, attention=attention, seq=_SEQ)
-    ours = estimated_per_token(config, precision=precision, attention=attention)
+    truth = layer_saved_bytes_per_token(config, dtype=dtype, attention=attention, seq=_SEQ, layer=layer)
+    ours = estimated_per_token(config, precision=precision, attention=attention, layer=layer)
     assert ours == pytest.approx(truth, rel=_tolerance(family, precision), abs=0.5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["llama4_text", "llama4"])
+@pytest.mark.parametrize("layer", [0, 1, 2, 3])
+@pytest.mark.parametrize(("precision", "attention"), [("bf16", "sdpa"), ("bf16", "eager"), ("fp32", "sdpa")])
+def test_llama4_layer_kinds_match_autograd(family: str, layer: int, precision: str, attention: str) -> None:
+    """Every Llama 4 layer kind, exactly: dense and MoE (all experts on every token, sigmoid
+    router, shared expert), rotary layers with chunked attention (masked: the chunk of 16 is
+    shorter than the 64 tokens) and the q/k L2 norm, the NoPE layer with full attention and
+    temperature-tuned queries; the multimodal wrapper runs the same text layers."""
+    from hf_saved import layer_saved_bytes_per_token
+
+    dtype = {"bf16": "bfloat16", "fp32": "float32"}[precision]
+    config = _CONFIGS[family]
+    truth = layer_saved_bytes_per_token(config, dtype=dtype, attention=attention, seq=_SEQ, layer=layer)
+    ours = estimated_per_token(config, precision=precision, attention=attention, layer=layer)
+    assert ours == truth
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
@@ -131,7 +168,7 @@ def test_dropout_masks_are_one_byte_per_element_on_cuda() -> None:
     assert cpu[True] - cpu[False] == ours[True] - ours[False] + 3 * mask_elements
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "gemma", "qwen3", "smollm3-nope-sliding", "cohere2"])
 def test_autocast_recipe_matches_autograd(family: str) -> None:
     """Mixed precision (fp32 weights under bf16 autocast): the residual stream is fp32 and every
     RMSNorm returns fp32 (Gemma's ``output.type_as(x)`` too), so each projection after a norm
@@ -143,7 +180,7 @@ def test_autocast_recipe_matches_autograd(family: str) -> None:
     assert estimated_per_token(config, precision="mixed-bf16", attention="sdpa") == pytest.approx(truth, abs=0.5)
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3"])
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "olmoe", "glm4_moe", "gpt_oss"])
 def test_autocast_moe_recipe_matches_autograd(family: str) -> None:
     """Mixed precision on an MoE layer: transformers' experts multiply with ``grouped_mm`` in
     their fp32 weights' dtype (not autocast's bf16), and each linear reading the block's fp32

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from family_configs import FAMILY_CONFIGS, LEGACY_FALCON, native_falcon
+from vramlens.errors import ConfigError
 from vramlens.model.families import parse_config, supported_model_types
 from vramlens.model.spec import MlpKind, NormKind, PositionKind, QKNorm
 
@@ -93,13 +94,13 @@ def test_gemma_windows() -> None:
 
 def test_gemma3_multimodal_counts_vision_tower() -> None:
     spec = parse_config(FAMILY_CONFIGS["gemma3"])
-    extra = dict(spec.extra_parameters)
+    assert spec.vision is not None
     # SigLIP: conv 3*14*14*32+32, positions (28/14)^2*32, 2 layers x (2 LN + 4 biased projections + MLP), post LN.
     layer = 2 * 64 + 4 * (32 * 32 + 32) + (32 * 64 + 64) + (64 * 32 + 32)
-    assert extra["vision_tower"] == 3 * 14 * 14 * 32 + 32 + 4 * 32 + 2 * layer + 64
-    assert extra["multi_modal_projector"] == 32 * 64 + 32
+    assert spec.vision.tower_parameters == 3 * 14 * 14 * 32 + 32 + 4 * 32 + 2 * layer + 64
+    assert spec.vision.projector_parameters == 32 * 64 + 32
     text_only = parse_config({**FAMILY_CONFIGS["gemma3"]["text_config"], "torch_dtype": "bfloat16"})
-    assert spec.num_parameters == text_only.num_parameters + sum(extra.values())
+    assert spec.num_parameters == text_only.num_parameters + spec.vision.parameters
     assert spec.num_heads == 8 and spec.num_kv_heads == 4  # Gemma3TextConfig defaults, recorded:
     assert any("num_attention_heads" in a for a in spec.assumptions)
 
@@ -150,8 +151,15 @@ def test_deepseek_layouts() -> None:
     assert any("multi-token-prediction" in a for a in v3.assumptions)
 
 
-def test_unknown_llama_like_model_type_is_accepted_with_an_assumption() -> None:
-    spec = parse_config({**FAMILY_CONFIGS["llama"], "model_type": "my_custom_llama"})
-    assert spec.model_type == "my_custom_llama"
-    assert spec.num_parameters == parse_config(FAMILY_CONFIGS["llama"]).num_parameters
-    assert any("my_custom_llama" in a and "Llama-style" in a for a in spec.assumptions)
+def test_unknown_model_type_with_llama_keys_is_refused_never_read_as_llama() -> None:
+    with pytest.raises(ConfigError, match=r"^cfg: model_type 'my_custom_llama' ") as info:
+        parse_config({**FAMILY_CONFIGS["llama"], "model_type": "my_custom_llama"}, source="cfg")
+    assert "\n" not in str(info.value) and "llama-style" not in str(info.value).lower()
+
+
+def test_remote_code_alias_is_read_as_the_family_whose_code_it_ships() -> None:
+    kimi = parse_config({**FAMILY_CONFIGS["deepseek_v3"], "model_type": "kimi_k2", "auto_map": {"AutoConfig": "x.Y"}})
+    native = parse_config(FAMILY_CONFIGS["deepseek_v3"])
+    assert kimi.model_type == "deepseek_v3" and kimi.num_parameters == native.num_parameters
+    assert any("'kimi_k2' is read as deepseek_v3" in a and "modeling_deepseek" in a for a in kimi.assumptions)
+    assert kimi.config is not None and kimi.config["model_type"] == "deepseek_v3" and "auto_map" not in kimi.config

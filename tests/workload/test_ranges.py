@@ -117,3 +117,26 @@ def test_a_range_describes_itself() -> None:
     assert NumberRange(low=1, high=4096).describe() == "from 1 to 4,096"
     assert NumberRange(low=0, high=1, high_open=True).describe() == ">= 0 and < 1"
     assert not NumberRange(low=0, high=1).holds(math.nan)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "fragment"),
+    [
+        ("alloc_conf", "max_split_size_mb:" + "9" * 5000, "characters, more than the 1024 accepted"),
+        ("alloc_conf", "max_split_size_mb:" + "9" * 30, "expects a non-negative integer below 2**64"),
+        ("alloc_conf", "max_split_size_mb:\u0663\u0663", "expects a non-negative integer below 2**64"),
+        ("alloc_conf", ["expandable_segments:True"], "must be a PYTORCH_CUDA_ALLOC_CONF string"),
+        ("versions", {"transformers": "4." + "9" * 5000}, "versions.transformers: expected a quoted release number"),
+        ("versions", {"transformers": "\u0664.\u0663\u0665"}, "versions.transformers: expected a quoted release"),
+        ("versions", {"x" * 10_000: "4.35"}, "versions: unknown package 'xxxx"),
+        ("versions", "transformers=" + "9" * 3000, "versions.transformers: expected a quoted release number"),
+        ("versions", "transformers=" + "9" * 5000, "versions: 5,013 characters, more than the 4096 accepted"),
+    ],
+)
+def test_the_string_keys_of_issue_20_are_bounded(key: str, value: Any, fragment: str) -> None:
+    """Issue 21 applied to ``alloc_conf`` and ``versions``: huge or non-ASCII numbers are one-line
+    errors (a 5,000-digit version made ``int()`` raise a bare ValueError), never a traceback."""
+    with pytest.raises(InputError) as info:
+        load_workload({"model": MODEL, key: value})
+    message = str(info.value)
+    assert fragment in message and "\n" not in message and len(message) <= 1000

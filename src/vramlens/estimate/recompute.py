@@ -10,16 +10,19 @@ import math
 from dataclasses import dataclass, replace
 
 from vramlens.estimate._memo import memo
-from vramlens.estimate.activations import layer_saved_parts
+from vramlens.estimate.activations import ffn_saved_parts, layer_saved_parts
 from vramlens.estimate.context import TrainingContext
+from vramlens.estimate.eager_attention import eager_transients
 from vramlens.estimate.frameworks import NormImpl
 from vramlens.estimate.qlora import adapter_inputs_shared, base_output_bytes, kbit_prepared
 from vramlens.estimate.saved_parts import GATHERED, HEADS, SEQUENCE, LayerRecipe, Part, TrainState
 from vramlens.estimate.styles import hf_style
 from vramlens.model.modules import all_layer_linears
+from vramlens.model.spec import LayerSpec
 from vramlens.workload.options import AttentionImpl, Framework, Method, Recompute
+from vramlens.workload.spec import ALL_LINEAR
 
-__all__ = ["LayerActivations", "layer_activations", "train_state"]
+__all__ = ["LayerActivations", "eager_attention_working", "layer_activations", "layer_kind", "train_state"]
 
 
 def train_state(ctx: TrainingContext, targets: frozenset[str]) -> TrainState:
@@ -43,12 +46,9 @@ def train_state(ctx: TrainingContext, targets: frozenset[str]) -> TrainState:
 
 
 def _recipe(ctx: TrainingContext, state: TrainState, notes: list[str]) -> LayerRecipe:
-    style, note = hf_style(ctx.spec.model_type)
-    if note:
-        notes.append(note)
     return LayerRecipe(
         spec=ctx.spec,
-        style=style,
+        style=hf_style(ctx.spec.model_type),
         compute_bytes=ctx.compute_bytes,
         # fp32 residual stream: fp32 weights under autocast (full training, or QLoRA's k-bit preparation)
         autocast=ctx.autocast and (ctx.method is Method.FULL or kbit_prepared(ctx.workload, ctx.profile)),
@@ -75,6 +75,9 @@ class LayerActivations:
     full_layer_parts: tuple[Part, ...]
     """The saved tensors of one full (not recomputed) layer, for the explanation."""
     notes: tuple[str, ...]
+    masks_per_token: float = 0.0
+    """Attention masks alive while the layers run forward but kept by no one for backward
+    (without recompute; a checkpointed layer keeps its mask argument, counted in ``saved``)."""
 
 
 def _per_token(parts: list[Part], tp: int, sequence_parallel: bool) -> float:
@@ -96,14 +99,21 @@ def _selective_titan(recipe: LayerRecipe, moe_layer: bool) -> float:
     return a * (2 * spec.hidden_size + 2 * q + kv + inner) + 4 * spec.num_heads
 
 
-def _kinds(ctx: TrainingContext, layer_range: range) -> dict[tuple[bool, bool], int]:
-    """Count this rank's layers by (MoE, sliding-window)."""
-    counts: dict[tuple[bool, bool], int] = {}
+def layer_kind(layer: LayerSpec, seq: int) -> tuple[bool, bool, bool]:
+    """What decides a layer's saved tensors at sequence length ``seq``: (MoE, masked attention, rotary).
+
+    A window at least as long as the sequence is plain causal attention: transformers then
+    passes no mask to SDPA (``_ignore_causal_mask_sdpa``); an attention chunk masks once the
+    keys reach its size (``kv_length >= local_attention_size``)."""
+    masked = (layer.window is not None and layer.window < seq) or (layer.chunk is not None and layer.chunk <= seq)
+    return layer.moe, masked, layer.rope
+
+
+def _kinds(ctx: TrainingContext, layer_range: range) -> dict[tuple[bool, bool, bool], int]:
+    """Count this rank's layers by :func:`layer_kind`."""
+    counts: dict[tuple[bool, bool, bool], int] = {}
     for index in layer_range:
-        layer = ctx.spec.layers[index]
-        # A window at least as long as the sequence is plain causal attention: transformers
-        # then passes no mask to SDPA (``_ignore_causal_mask_sdpa``).
-        key = (layer.moe, layer.window is not None and layer.window < ctx.workload.seq)
+        key = layer_kind(ctx.spec.layers[index], ctx.workload.seq)
         counts[key] = counts.get(key, 0) + 1
     return counts
 
@@ -140,6 +150,12 @@ def layer_activations(ctx: TrainingContext, state: TrainState, layer_range: rang
 def _build_layer_activations(ctx: TrainingContext, state: TrainState, layer_range: range) -> LayerActivations:
     notes: list[str] = []
     recipe = _recipe(ctx, state, notes)
+    lora = ctx.method in (Method.LORA, Method.QLORA) and ctx.workload.lora.targets == ALL_LINEAR
+    if lora and ctx.spec.is_moe and recipe.style.peft_wraps_experts:
+        notes.append(
+            "lora.targets all-linear: PEFT also adapts this MoE model's 3-D expert weights (merged weights kept "
+            "for backward), which is not counted here: the estimate is low; list the targets to leave experts out"
+        )
     return _layer_activations(ctx, recipe, layer_range, notes)
 
 
@@ -150,7 +166,10 @@ def _layer_activations(
     sp = tp > 1
     kinds = _kinds(ctx, layer_range)
     layers = len(layer_range)
-    full = {key: _per_token(layer_saved_parts(recipe, moe_layer=key[0], sliding=key[1]), tp, sp) for key in kinds}
+    full = {
+        key: _per_token(layer_saved_parts(recipe, moe_layer=key[0], sliding=key[1], rope=key[2]), tp, sp)
+        for key in kinds
+    }
     total_full = sum(full[key] * count for key, count in kinds.items())
     largest = max(full.values()) if full else 0.0
     policy = ctx.workload.recompute
@@ -172,26 +191,59 @@ def _layer_activations(
         transient = largest
     else:
         flash = replace(recipe, attention=AttentionImpl.FLASH)
-        kept = {key: _per_token(layer_saved_parts(flash, moe_layer=key[0], sliding=key[1]), tp, sp) for key in kinds}
+        kept = {
+            key: _per_token(layer_saved_parts(flash, moe_layer=key[0], sliding=key[1], rope=key[2]), tp, sp)
+            for key in kinds
+        }
         saved = sum(kept[key] * count for key, count in kinds.items())
         # What one layer re-creates in backward: its attention internals beyond what is kept.
         transient = max((max(0.0, full[key] - kept[key]) for key in kinds), default=0.0)
         notes.append("recompute selective: the attention core is recomputed; projections and MLP outputs are kept")
-    example = max(kinds, key=lambda key: full[key]) if kinds else (False, False)
-    parts = tuple(layer_saved_parts(recipe, moe_layer=example[0], sliding=example[1]))
+    example = max(kinds, key=lambda key: full[key]) if kinds else (False, False, True)
+    parts = tuple(layer_saved_parts(recipe, moe_layer=example[0], sliding=example[1], rope=example[2]))
     masks = _mask_bytes(ctx, recipe, kinds)
+    # Eager adds its masks to the scores and SDPA turns them into a per-call bias: autograd keeps
+    # neither; they live in the model's forward until it returns, unless a checkpoint keeps them
+    # as a layer input (found against the simulator on SmolLM3 and gpt-oss with sliding windows).
+    checkpointed = policy is not Recompute.NONE
     return LayerActivations(
-        saved_per_token=saved + masks, transient_per_token=transient, full_layer_parts=parts, notes=tuple(notes)
+        saved_per_token=saved + (masks if checkpointed else 0.0),
+        transient_per_token=transient,
+        full_layer_parts=parts,
+        notes=tuple(notes),
+        masks_per_token=0.0 if checkpointed else masks,
     )
 
 
-def _mask_bytes(ctx: TrainingContext, recipe: LayerRecipe, kinds: dict[tuple[bool, bool], int]) -> float:
+def _mask_bytes(ctx: TrainingContext, recipe: LayerRecipe, kinds: dict[tuple[bool, bool, bool], int]) -> float:
     """Materialized 4-D attention masks ([batch, 1, seq, seq], one per mask kind, shared by all layers):
-    eager attention always builds them; SDPA only for sliding-window layers; flash attention
+    eager attention always builds them, additive in the compute dtype; SDPA only for sliding-window
+    layers, boolean (``masking_utils.sdpa_mask``: one byte per element); flash attention
     (flash_attention_2, which applies the window itself) never."""
     sliding = any(key[1] for key in kinds)
     if recipe.attention is AttentionImpl.EAGER:
         count = 2 if sliding and len({key[1] for key in kinds}) > 1 else 1
-    else:
-        count = 1 if sliding and recipe.attention is not AttentionImpl.FLASH else 0
-    return count * recipe.compute_bytes * recipe.seq
+        return count * recipe.compute_bytes * recipe.seq
+    count = 1 if sliding and recipe.attention is not AttentionImpl.FLASH else 0
+    return count * recipe.seq
+
+
+def eager_attention_working(ctx: TrainingContext, state: TrainState, layer_range: range) -> tuple[float, float, float]:
+    """Eager attention's score tensors in the last layer of ``layer_range``, bytes per token on one rank:
+    (forward beyond the kept probabilities, backward, forward with nothing kept), each less that
+    layer's feed-forward half, which is not yet alive when its attention runs forward and already
+    freed when its attention runs backward (see :mod:`vramlens.estimate.eager_attention`)."""
+    if ctx.attention is not AttentionImpl.EAGER or not layer_range:
+        return 0.0, 0.0, 0.0
+    workload = ctx.workload
+    tp = workload.parallel.tp
+    recipe = _recipe(ctx, state, [])
+    layer = ctx.spec.layers[layer_range[-1]]
+    sliding = layer.window is not None and layer.window < workload.seq
+    ffn = _per_token(ffn_saved_parts(recipe, moe_layer=layer.moe, sliding=sliding), tp, tp > 1)
+    a, autocast, seq = recipe.compute_bytes, recipe.autocast, recipe.seq
+    over_kept, backward = eager_transients(ctx.spec, recipe.style, compute_bytes=a, autocast=autocast, seq=seq, tp=tp)
+    everything = eager_transients(
+        ctx.spec, recipe.style, compute_bytes=a, autocast=autocast, seq=seq, tp=tp, kept=False
+    )[0]
+    return max(0.0, over_kept - ffn), max(0.0, backward - ffn), everything

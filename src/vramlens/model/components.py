@@ -7,6 +7,8 @@
 * :class:`LayerSpec` - what varies per layer: attention window (full or
   sliding) and whether the FFN is dense or MoE.
 * :class:`NormSpec`, :class:`PositionSpec` - normalisation and positions.
+* :class:`VisionSpec` - a multimodal model's vision tower and projector, with the
+  :class:`TowerLinear` modules LoRA can target in them.
 
 Each is a frozen, keyword-only dataclass validated in ``__post_init__``; a bad
 value raises :class:`~vramlens.errors.ConfigError` naming the field.
@@ -21,9 +23,11 @@ from vramlens.errors import ConfigError
 
 __all__ = [
     "AttentionSpec",
+    "FfnKind",
     "LayerSpec",
     "MlaSpec",
     "MlpKind",
+    "MixerKind",
     "MlpSpec",
     "MoeSpec",
     "NormKind",
@@ -31,6 +35,8 @@ __all__ = [
     "PositionKind",
     "PositionSpec",
     "QKNorm",
+    "TowerLinear",
+    "VisionSpec",
 ]
 
 
@@ -69,6 +75,30 @@ class PositionKind(StrEnum):
     NONE = "none"
 
 
+class MixerKind(StrEnum):
+    """What mixes tokens in a decoder layer."""
+
+    ATTENTION = "attention"
+    """Softmax self-attention (full, sliding-window or chunked): a KV cache per token."""
+    LINEAR_ATTENTION = "linear_attention"
+    """Linear attention with a recurrent state (gated DeltaNet): a state per sequence."""
+    MAMBA = "mamba"
+    """A selective state-space mixer (Mamba 1/2): convolution and SSM states per sequence."""
+    NONE = "none"
+    """No token mixer: the layer is only a feed-forward block (Nemotron-H's MLP/MoE blocks)."""
+
+
+class FfnKind(StrEnum):
+    """The feed-forward block of a decoder layer."""
+
+    DENSE = "dense"
+    """The dense MLP (``ModelSpec.mlp``)."""
+    MOE = "moe"
+    """The mixture of experts (``ModelSpec.moe``)."""
+    NONE = "none"
+    """No feed-forward block (Nemotron-H's mixer-only blocks)."""
+
+
 class QKNorm(StrEnum):
     """Normalisation of queries and keys before attention."""
 
@@ -77,6 +107,8 @@ class QKNorm(StrEnum):
     """One norm of width ``head_dim`` shared by all heads, for q and for k (Qwen3, Gemma 3, Phi-2 qk_layernorm)."""
     PER_PROJECTION = "per_projection"
     """One norm over the whole q projection (heads x head_dim) and one over k (kv_heads x head_dim) (OLMo 2)."""
+    L2 = "l2"
+    """A parameter-free L2 norm of each q and k head, on rotary layers only (Llama 4 ``use_qk_norm``)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -148,6 +180,10 @@ class AttentionSpec:
     """Gemma 2's attention logit soft-capping (forces eager attention in some stacks)."""
     dropout: float = 0.0
     """Attention-probability dropout during training."""
+    sinks: bool = False
+    """A learned sink logit per head joins every softmax (gpt-oss): ``num_heads`` more parameters."""
+    clip_qkv: bool = False
+    """Queries, keys and values are clamped in place (OLMoE ``clip_qkv``): autograd keeps a copy of each."""
 
     def __post_init__(self) -> None:
         _require(self.num_heads > 0, "attention.num_heads: must be a positive integer")
@@ -210,6 +246,10 @@ class MoeSpec:
     """A sigmoid gate Linear(h, 1) scaling the shared expert (Qwen2-MoE)."""
     router_score_bias: bool = False
     """A per-expert score-correction bias kept as a buffer, not a parameter (DeepSeek-V3)."""
+    router_bias: bool = False
+    """The router is a biased ``h -> E`` linear (gpt-oss): ``E`` more parameters per MoE layer."""
+    expert_bias: bool = False
+    """Every routed expert's projections have biases (gpt-oss: ``2i`` on gate/up, ``h`` on down)."""
     activation: str = "silu"
     """Experts' activation function."""
 
@@ -229,8 +269,27 @@ class LayerSpec:
 
     window: int | None = None
     """Sliding-window size for local attention layers; None for full (global) attention."""
-    moe: bool = False
-    """True when this layer's FFN is the MoE block, False when it is the dense MLP."""
+    ffn: FfnKind = FfnKind.DENSE
+    """The layer's feed-forward block: the dense MLP, the MoE block, or none."""
+    mixer: MixerKind = MixerKind.ATTENTION
+    """The layer's token mixer."""
+    chunk: int | None = None
+    """Chunked local attention (Llama 4): queries see only keys of their own chunk of this many tokens."""
+    rope: bool = True
+    """Rotary embeddings are applied in this layer's attention (False: a NoPE layer)."""
+
+    def __post_init__(self) -> None:
+        _require(self.window is None or self.window > 0, "layer.window: must be a positive integer or null")
+        _require(self.chunk is None or self.chunk > 0, "layer.chunk: must be a positive integer or null")
+        _require(
+            self.mixer is MixerKind.ATTENTION or (self.window is None and self.chunk is None),
+            "layer.window: only attention layers have a window or chunk",
+        )
+
+    @property
+    def moe(self) -> bool:
+        """True when this layer's FFN is the MoE block."""
+        return self.ffn is FfnKind.MOE
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -253,3 +312,70 @@ class PositionSpec:
     def __post_init__(self) -> None:
         _require(self.max_positions > 0, "position.max_positions: must be a positive integer")
         _require(0.0 < self.rotary_fraction <= 1.0, "position.rotary_fraction: must be in (0, 1]")
+
+
+#: The two parts of a multimodal model outside its text decoder.
+VISION_TOWER = "vision_tower"
+PROJECTOR = "projector"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TowerLinear:
+    """``count`` identical ``nn.Linear`` modules of a vision tower or projector.
+
+    ``name`` is the end of the module path as PEFT matches ``target_modules`` against it
+    (``attn.qkv``, ``mlp.gate_proj``, ``multi_modal_projector.linear_1``).
+    """
+
+    name: str
+    in_features: int
+    out_features: int
+    bias: bool
+    count: int = 1
+    part: str = VISION_TOWER
+    """``vision_tower`` or ``projector``."""
+
+    def __post_init__(self) -> None:
+        _require(self.in_features > 0 and self.out_features > 0, f"vision.{self.name}: features must be positive")
+        _require(self.count > 0, f"vision.{self.name}: count must be positive")
+        _require(self.part in (VISION_TOWER, PROJECTOR), f"vision.{self.name}: part must be vision_tower or projector")
+
+    @property
+    def parameters(self) -> int:
+        """Elements of all ``count`` modules: ``count x (in x out (+ out))``."""
+        return self.count * (self.in_features * self.out_features + (self.out_features if self.bias else 0))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class VisionSpec:
+    """The image side of a multimodal model: the vision tower and the projector that maps its
+    features to the text model's width (module paths per family in ``model/families/towers.py``).
+
+    vramlens models text-only batches: the tower and projector hold their weights (and, under
+    LoRA, the adapters PEFT puts on their linears) but compute nothing and receive no gradient.
+    """
+
+    kind: str
+    """The tower's transformers implementation (pixtral, siglip, qwen2_5_vl, qwen3_vl, llama4)."""
+    tower_parameters: int
+    """Every parameter of the vision tower."""
+    projector_parameters: int
+    """Every parameter of the projector."""
+    linears: tuple[TowerLinear, ...]
+    """The ``nn.Linear`` modules of both parts (LoRA targets, quantized weights)."""
+    hidden_size: int
+    """The tower's width."""
+    num_layers: int
+    """The tower's encoder layers."""
+
+    def __post_init__(self) -> None:
+        _require(self.tower_parameters > 0, "vision: the tower must have parameters")
+        _require(self.projector_parameters >= 0, "vision: projector parameters must not be negative")
+        for part, total in ((VISION_TOWER, self.tower_parameters), (PROJECTOR, self.projector_parameters)):
+            linear = sum(s.parameters for s in self.linears if s.part == part)
+            _require(linear <= total, f"vision: {part} linears hold {linear} parameters of {total}")
+
+    @property
+    def parameters(self) -> int:
+        """Tower and projector together."""
+        return self.tower_parameters + self.projector_parameters

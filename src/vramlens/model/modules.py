@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from vramlens.model.spec import MlpKind, ModelSpec
 
-__all__ = ["LinearShape", "all_layer_linears", "layer_linears"]
+__all__ = ["LinearShape", "all_layer_linears", "is_shared_expert", "layer_linears", "shared_expert_prefix"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -49,7 +49,7 @@ _PLAIN_MLP = {
 
 
 def _attention_linears(spec: ModelSpec) -> list[LinearShape]:
-    attention = spec.attention
+    attention = spec.attn
     h = spec.hidden_size
     mla = attention.mla
     if mla is not None:
@@ -124,6 +124,23 @@ def _mlp_linears(spec: ModelSpec, inner: int, *, prefix: str = "") -> list[Linea
     ]
 
 
+#: Families whose one ungated shared expert is the module ``shared_expert`` (Llama 4's ``Llama4TextMoe``).
+_SINGLE_SHARED_EXPERT = {"llama4", "llama4_text"}
+
+
+def shared_expert_prefix(spec: ModelSpec) -> str:
+    """Module-name prefix of an MoE layer's shared expert: ``shared_expert.`` (Qwen2-MoE's gated
+    one, Llama 4's) or ``shared_experts.`` (DeepSeek's fused ones)."""
+    assert spec.moe is not None
+    single = spec.moe.shared_expert_gate or spec.model_type in _SINGLE_SHARED_EXPERT
+    return "shared_expert." if single else "shared_experts."
+
+
+def is_shared_expert(shape: LinearShape) -> bool:
+    """Whether a linear belongs to an MoE layer's shared expert (not to the dense MLP)."""
+    return shape.name.startswith(("shared_expert.", "shared_experts."))
+
+
 def layer_linears(spec: ModelSpec, *, moe_layer: bool = False) -> tuple[LinearShape, ...]:
     """The ``nn.Linear`` modules of one decoder layer (dense or MoE), cached per spec.
 
@@ -154,6 +171,5 @@ def _layer_linears(spec: ModelSpec, moe_layer: bool) -> tuple[LinearShape, ...]:
         assert spec.mlp is not None
         shapes += _mlp_linears(spec, spec.mlp.intermediate_size)
     elif spec.moe is not None and spec.moe.shared_intermediate_size:
-        prefix = "shared_expert." if spec.moe.shared_expert_gate else "shared_experts."
-        shapes += _mlp_linears(spec, spec.moe.shared_intermediate_size, prefix=prefix)
+        shapes += _mlp_linears(spec, spec.moe.shared_intermediate_size, prefix=shared_expert_prefix(spec))
     return tuple(shapes)

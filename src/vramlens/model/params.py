@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from vramlens.model.spec import MlpKind, NormKind, NormSpec, PositionKind, QKNorm
 
 if TYPE_CHECKING:
+    from vramlens.model.generic.layout import GenericLayout
     from vramlens.model.spec import AttentionSpec, MlaSpec, MlpSpec, ModelSpec, MoeSpec
 
 _RMS = NormSpec(kind=NormKind.RMSNORM)
@@ -77,7 +78,7 @@ def attention_parameters(attention: AttentionSpec, hidden: int) -> int:
     ``q: h -> H*d``, ``k, v: h -> Hkv*d``, ``o: H*d -> h`` (fused qkv layouts
     such as Phi-3's ``qkv_proj`` or Falcon's ``query_key_value`` hold the same
     count). Q/K norms: per-head adds ``2*norm(d)``; per-projection adds
-    ``norm(H*d) + norm(Hkv*d)``.
+    ``norm(H*d) + norm(Hkv*d)``. Attention sinks (gpt-oss) add one logit per head.
     """
     if attention.mla is not None:
         return mla_attention_parameters(
@@ -100,6 +101,8 @@ def attention_parameters(attention: AttentionSpec, hidden: int) -> int:
         projections += norm_parameters(attention.qk_norm_spec, q_width) + norm_parameters(
             attention.qk_norm_spec, kv_width
         )
+    if attention.sinks:
+        projections += attention.num_heads
     return projections
 
 
@@ -115,14 +118,15 @@ def mlp_parameters(mlp: MlpSpec, hidden: int) -> int:
 
 
 def expert_parameters(moe: MoeSpec, hidden: int) -> int:
-    """Elements of one routed expert (a bias-free MLP of width ``expert_intermediate_size``)."""
-    return _ffn_parameters(moe.expert_kind, hidden, moe.expert_intermediate_size, bias=False)
+    """Elements of one routed expert: an MLP of width ``expert_intermediate_size``, with biases
+    when ``expert_bias`` (gpt-oss ``gate_up_proj_bias`` [2i] and ``down_proj_bias`` [h])."""
+    return _ffn_parameters(moe.expert_kind, hidden, moe.expert_intermediate_size, bias=moe.expert_bias)
 
 
 def moe_parameters(moe: MoeSpec, hidden: int) -> tuple[int, int, int]:
     """Elements of one MoE block as ``(routed experts, shared experts + shared gate, router)``.
 
-    Router: ``E*h`` (a bias-free ``h -> E`` linear). Shared experts: one gated
+    Router: ``E*h`` (an ``h -> E`` linear, ``+E`` with gpt-oss's bias). Shared experts: one gated
     MLP of the total shared width, plus Qwen2-MoE's ``h -> 1`` shared gate.
     """
     routed = moe.num_experts * expert_parameters(moe, hidden)
@@ -131,7 +135,7 @@ def moe_parameters(moe: MoeSpec, hidden: int) -> tuple[int, int, int]:
         shared = _ffn_parameters(MlpKind.GATED, hidden, moe.shared_intermediate_size, bias=False)
     if moe.shared_expert_gate:
         shared += linear_parameters(hidden, 1, bias=False)
-    router = linear_parameters(hidden, moe.num_experts, bias=False)
+    router = linear_parameters(hidden, moe.num_experts, bias=moe.router_bias)
     return routed, shared, router
 
 
@@ -164,7 +168,20 @@ class ParameterBreakdown:
     lm_head: int
     """The output projection (0 when tied, except a bias)."""
     extra: int = 0
-    """Parts outside the decoder stack (vision towers, projectors)."""
+    """Other named parts outside the decoder stack of native families (``ModelSpec.extra_parameters``)."""
+    linear_attention: int = 0
+    """All layers' linear-attention mixers (gated DeltaNet), their convolutions included."""
+    ssm: int = 0
+    """All layers' state-space (Mamba) mixers, their convolutions included."""
+    vision: int = 0
+    """A multimodal model's vision tower (its image encoder): a native family's
+    (``ModelSpec.vision``) or one read from the model's code."""
+    projector: int = 0
+    """The multimodal projector between a vision tower and the decoder."""
+    mtp: int = 0
+    """Multi-token-prediction layers built beside the decoder stack."""
+    other: int = 0
+    """Parameters of a model read from its code that no component names (shown, never dropped)."""
     persistent_buffers: int = 0
     """Elements of saved buffers that are not parameters (router score-correction biases)."""
 
@@ -182,8 +199,16 @@ class ParameterBreakdown:
             + self.norms
             + self.final_norm
             + self.lm_head
-            + self.extra
+            + self.linear_attention
+            + self.ssm
+            + self.outside_decoder
         )
+
+    @property
+    def outside_decoder(self) -> int:
+        """Parameters outside the decoder stack (embedding and head aside): vision tower, projector,
+        multi-token-prediction layers, extra and unnamed parts."""
+        return self.extra + self.vision + self.projector + self.mtp + self.other
 
     @property
     def non_embedding(self) -> int:
@@ -197,6 +222,8 @@ class ParameterBreakdown:
 
 def parameter_breakdown(spec: ModelSpec) -> ParameterBreakdown:
     """Count every parameter of ``spec`` by component (see :class:`ParameterBreakdown`)."""
+    if spec.generic is not None:
+        return _generic_breakdown(spec.generic)
     hidden = spec.hidden_size
     moe_layers = spec.num_moe_layers
     dense_layers = spec.num_layers - moe_layers
@@ -210,7 +237,7 @@ def parameter_breakdown(spec: ModelSpec) -> ParameterBreakdown:
     return ParameterBreakdown(
         embedding=spec.vocab_size * hidden,
         position_embedding=spec.position.max_positions * hidden if learned else 0,
-        attention=spec.num_layers * attention_parameters(spec.attention, hidden),
+        attention=spec.num_layers * attention_parameters(spec.attn, hidden),
         mlp=dense_layers * mlp_parameters(spec.mlp, hidden) if spec.mlp is not None and dense_layers else 0,
         moe_experts=moe_layers * routed,
         moe_shared=moe_layers * shared,
@@ -219,7 +246,32 @@ def parameter_breakdown(spec: ModelSpec) -> ParameterBreakdown:
         final_norm=norm_parameters(spec.norm, hidden) if spec.final_norm else 0,
         lm_head=lm_head,
         extra=sum(count for _, count in spec.extra_parameters),
+        vision=spec.vision.tower_parameters if spec.vision is not None else 0,
+        projector=spec.vision.projector_parameters if spec.vision is not None else 0,
         persistent_buffers=moe_layers * spec.moe.num_experts if spec.moe and spec.moe.router_score_bias else 0,
+    )
+
+
+def _generic_breakdown(layout: GenericLayout) -> ParameterBreakdown:
+    """The components a model's module tree was read into (:mod:`vramlens.model.generic`)."""
+    totals = {component.value: count for component, count in layout.totals().items()}
+    return ParameterBreakdown(
+        embedding=totals.get("embedding", 0),
+        position_embedding=totals.get("position_embedding", 0),
+        attention=totals.get("attention", 0),
+        mlp=totals.get("mlp", 0),
+        moe_experts=totals.get("moe_experts", 0),
+        moe_shared=totals.get("moe_shared", 0),
+        moe_router=totals.get("moe_router", 0),
+        norms=totals.get("norms", 0),
+        final_norm=totals.get("final_norm", 0),
+        lm_head=totals.get("lm_head", 0),
+        linear_attention=totals.get("linear_attention", 0),
+        ssm=totals.get("ssm", 0),
+        vision=totals.get("vision", 0),
+        projector=totals.get("projector", 0),
+        mtp=totals.get("mtp", 0),
+        other=totals.get("other", 0),
     )
 
 
@@ -230,6 +282,8 @@ def active_parameters(spec: ModelSpec) -> int:
     the routed experts only ``experts_per_token`` are. Equals ``total`` for dense
     models. (Mixtral 8x7B: 12.9B of 46.7B; DeepSeek-V3: 37B of 671B.)
     """
+    if spec.generic is not None:
+        return spec.generic.active
     total = spec.num_parameters
     if spec.moe is None or not spec.num_moe_layers:
         return total

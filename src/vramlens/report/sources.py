@@ -33,9 +33,9 @@ from typing import Any, Final
 from vramlens._compat import StrEnum
 from vramlens._files import LIMITS, FileKind, gunzip, inflation_limit, open_regular, read_open_file
 from vramlens._untrusted import load_json
+from vramlens.allocator import AllocatorSettings
 from vramlens.categories import TORCH_PROFILER_CATEGORIES
 from vramlens.errors import InputError
-from vramlens.simulate.allocator import AllocatorSettings
 from vramlens.trace.timeline import CATEGORY_ORDER, Timeline, TimelineBuilder
 
 __all__ = [

@@ -13,7 +13,8 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any, Final
 
-from vramlens.workload.load import LORA_KEYS, PARALLEL_KEYS, TOP_KEYS
+from vramlens.estimate.versions import CURRENT, PACKAGES
+from vramlens.workload.load import LORA_KEYS, MAX_ALLOC_CONF_CHARS, MAX_VERSION_CHARS, PARALLEL_KEYS, TOP_KEYS
 from vramlens.workload.options import (
     AttentionImpl,
     Engine,
@@ -103,6 +104,20 @@ _TOP: Final[dict[str, dict[str, Any]]] = {
     "block_size": _int("block_size"),
     "max_num_batched_tokens": _nullable(_tokens("max_num_batched_tokens")),
     "allow_long_context": _FLAG,
+    "alloc_conf": {
+        "type": "string",
+        "maxLength": MAX_ALLOC_CONF_CHARS,
+        "description": "PYTORCH_CUDA_ALLOC_CONF, e.g. 'expandable_segments:True'",
+    },
+    "versions": {
+        "type": "object",
+        "properties": {
+            package: {"type": "string", "maxLength": MAX_VERSION_CHARS, "examples": [CURRENT[package]]}
+            for package in PACKAGES
+        },
+        "additionalProperties": False,
+        "description": "library versions of the run, e.g. {'transformers': '4.35', 'vllm': '0.6'}",
+    },
 }
 _LORA: Final[dict[str, dict[str, Any]]] = {
     "rank": _int("lora.rank"),

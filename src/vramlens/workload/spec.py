@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from vramlens._untrusted import brief
 from vramlens.errors import InputError
 from vramlens.workload.options import (
     AttentionImpl,
@@ -222,6 +223,15 @@ class Workload:
     Added to the v1 contract by vramlens."""
     allow_long_context: bool = False
     """Allow ``seq``/``context`` beyond the model's max_position_embeddings (RoPE scaling set up by the user)."""
+    versions: tuple[tuple[str, str], ...] = ()
+    """Library versions of the run, e.g. ``(("transformers", "4.35"),)`` (a mapping in files and
+    dicts); a package left out is the installed one, else the current release
+    (:mod:`vramlens.estimate.versions` holds the behaviours that changed). Added to the v1
+    contract by vramlens."""
+    alloc_conf: str = ""
+    """``PYTORCH_CUDA_ALLOC_CONF`` of the run (e.g. ``expandable_segments:True,max_split_size_mb:512``);
+    empty: PyTorch's defaults. The reserved level replays the allocator under it. Checked by the
+    loader against the keys PyTorch accepts. Added to the v1 contract by vramlens."""
 
     def __post_init__(self) -> None:
         for name in _INTEGER_KEYS:
@@ -237,6 +247,12 @@ class Workload:
             tokens <= MAX_BATCH_TOKENS,
             f"batch: {self.batch:,} sequences of {tokens // self.batch:,} tokens are {tokens:,} tokens in one "
             f"micro-batch, more than the {MAX_BATCH_TOKENS:,} (2**32) accepted",
+        )
+        _check(isinstance(self.alloc_conf, str), f"alloc_conf: must be a string, got {brief(self.alloc_conf)}")
+        _check(
+            isinstance(self.versions, tuple)
+            and all(isinstance(p, tuple) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in self.versions),
+            f"versions: must be (package, version) pairs, got {brief(self.versions)}",
         )
         _check(
             self.fsdp_wrap is FsdpWrap.AUTO or self.parallel.shard in (Shard.FSDP, Shard.HSDP),

@@ -1,8 +1,16 @@
-"""Registry of config parsers, one per ``model_type``.
+"""Registry of config parsers, one per ``model_type``, and the dispatch of a config to one.
 
-A family module registers a parser with :func:`register`; adding a model
-family means adding a module here (and a line in ``_FAMILY_MODULES``), never
-an ``elif``. :func:`parse_config` dispatches on ``model_type``.
+A family module registers a parser with :func:`register`; adding a model family means
+adding a module here (and a line in ``_FAMILY_MODULES``), never an ``elif``.
+:func:`parse_config` dispatches on ``model_type``:
+
+1. a native family parser (hand-written formulas, the fast and explained path);
+2. a remote-code type listed in :mod:`vramlens.model.families.aliases`, read as the family
+   whose code it ships (the alias is recorded in the spec's assumptions);
+3. anything else is described from transformers' own code by the generic reader
+   (:mod:`vramlens.model.generic`, needs the ``[hf]`` extra), or refused in one line.
+
+Nothing is ever read as a look-alike of another family.
 """
 
 from __future__ import annotations
@@ -16,17 +24,29 @@ from typing import Any
 
 from vramlens.errors import ConfigError
 from vramlens.model.config_reader import ConfigView
+from vramlens.model.families.aliases import ALIASES
 from vramlens.model.spec import ModelSpec
 
 __all__ = ["Parser", "parse_config", "register", "supported_model_types"]
 
 Parser = Callable[[ConfigView], ModelSpec]
 
-_FAMILY_MODULES = ("llama", "gemma", "phi", "gpt", "deepseek")
+_FAMILY_MODULES = (
+    "llama",
+    "gemma",
+    "phi",
+    "gpt",
+    "deepseek",
+    "gpt_oss",
+    "olmoe",
+    "smollm3",
+    "cohere2",
+    "glm4_moe",
+    "llama4",
+    "qwen_vl",
+    "mistral3",
+)
 _PARSERS: dict[str, Parser] = {}
-_FALLBACK = "llama"
-#: Keys that make an unknown model_type readable as a Llama-style decoder.
-_LLAMA_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
 _loaded = False
 
 
@@ -52,27 +72,43 @@ def _load() -> None:
 
 
 def supported_model_types() -> tuple[str, ...]:
-    """Every ``model_type`` with a parser, sorted."""
+    """Every ``model_type`` with a native parser, sorted (aliases and the generic path aside)."""
     _load()
     return tuple(sorted(_PARSERS))
 
 
-def _pick_parser(view: ConfigView) -> tuple[str, Parser]:
-    raw_type = view.data.get("model_type")
-    if raw_type is not None and not isinstance(raw_type, str):
-        raise view.error("model_type", f"must be a string, got {raw_type!r}")
-    if raw_type in _PARSERS:
-        return raw_type, _PARSERS[raw_type]
-    supported = ", ".join(supported_model_types())
-    if all(key in view.data for key in _LLAMA_KEYS):
-        what = f"model_type {raw_type!r} is not supported" if raw_type else "no model_type"
-        view.assumptions.append(
-            f"{what}; read as a Llama-style decoder (gated MLP, RMSNorm, rotary). Supported: {supported}"
+def _model_type(data: Any, source: str) -> str:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a JSON object, got {type(data).__name__}")
+    raw = data.get("model_type")
+    if raw is None:
+        raise ConfigError(
+            f"{source}: missing required key 'model_type'; vramlens reads a model from its config.json, "
+            "which names its architecture in 'model_type'"
         )
-        return raw_type or "unknown", _PARSERS[_FALLBACK]
-    if raw_type is None:
-        raise ConfigError(f"{view.source}: missing required key 'model_type'; expected one of {supported}")
-    raise view.error("model_type", f"{raw_type!r} is not supported; expected one of {supported}")
+    if not isinstance(raw, str) or not raw:
+        raise ConfigError(f"{source}: key 'model_type' must be a non-empty string, got {raw!r}")
+    return raw
+
+
+def _native(data: dict[str, Any], model_type: str, source: str) -> ModelSpec:
+    """Parse with a native parser, through the alias table for remote-code types."""
+    alias = ALIASES.get(model_type)
+    if alias is not None:
+        data = {**alias.defaults, **data, "model_type": alias.target}
+        data.pop("auto_map", None)
+    view = ConfigView(data, source=source)
+    if alias is not None:
+        view.assumptions.append(f"model_type {model_type!r} is read as {alias.target}: {alias.source}")
+    spec = _PARSERS[alias.target if alias is not None else model_type](view)
+    return dataclasses.replace(spec, config=MappingProxyType(copy.deepcopy(data)))
+
+
+def _describe_generic(data: dict[str, Any], model_type: str, source: str) -> ModelSpec:
+    """The generic reader of transformers' code (imported only for types without a family)."""
+    from vramlens.model.generic import describe_config
+
+    return describe_config(data, model_type=model_type, source=source)
 
 
 def parse_config(
@@ -86,17 +122,13 @@ def parse_config(
 
     ``source`` labels errors and the spec (a path, ``catalog:NAME``); ``name``
     and ``hf_id`` are recorded on the spec. Raises :class:`ConfigError` with a
-    one-line message naming the offending key.
+    one-line message naming the offending key, or saying why the ``model_type``
+    cannot be described and what would help.
     """
     _load()
-    view = ConfigView(data, source=source)
-    model_type, parser = _pick_parser(view)
-    spec = parser(view)
-    updates: dict[str, Any] = {"name": name or hf_id or spec.name, "hf_id": hf_id}
-    if isinstance(data, dict):
-        updates["config"] = MappingProxyType(copy.deepcopy(data))
-    if parser is _PARSERS[_FALLBACK] and model_type != spec.model_type:
-        # An unsupported type read as Llama keeps its own name; aliases of a supported
-        # family (Falcon's legacy RefinedWeb types) take the family's name.
-        updates["model_type"] = model_type
-    return dataclasses.replace(spec, **updates)
+    model_type = _model_type(data, source)
+    if model_type in _PARSERS or model_type in ALIASES:
+        spec = _native(data, model_type, source)
+    else:
+        spec = _describe_generic(data, model_type, source)
+    return dataclasses.replace(spec, name=name or hf_id or spec.name, hf_id=hf_id)

@@ -11,6 +11,7 @@ from vramlens.model.config_reader import MAX_LAYERS, ConfigView
 from vramlens.model.quantization import QuantizationSpec, parse_quantization_config
 from vramlens.model.spec import (
     AttentionSpec,
+    FfnKind,
     LayerSpec,
     MlpKind,
     MlpSpec,
@@ -185,7 +186,10 @@ def layer_specs(
     windows: tuple[int | None, ...], moe_rule: Callable[[int], bool] | None = None
 ) -> tuple[LayerSpec, ...]:
     """Combine per-layer windows with a MoE placement rule (None: all dense)."""
-    return tuple(LayerSpec(window=w, moe=bool(moe_rule and moe_rule(i))) for i, w in enumerate(windows))
+    return tuple(
+        LayerSpec(window=w, ffn=FfnKind.MOE if moe_rule and moe_rule(i) else FfnKind.DENSE)
+        for i, w in enumerate(windows)
+    )
 
 
 def standard_attention(

@@ -119,15 +119,12 @@ def _falcon_norms(view: ConfigView, *, new_arch: bool, parallel: bool) -> int:
     return view.integer("num_ln_in_parallel_attn", default=default, maximum=2)
 
 
-@register("falcon", "RefinedWeb", "RefinedWebModel")
+@register("falcon")
 def parse_falcon(view: ConfigView) -> ModelSpec:
-    """Falcon 7B/40B/180B (and the legacy RefinedWeb configs)."""
+    """Falcon 7B/40B/180B (the legacy RefinedWeb configs come here through the alias table)."""
     hidden = view.integer("hidden_size", "n_embed")
     layers = read_layers(view, "num_hidden_layers", "n_layer")
-    # Legacy custom-code configs: "RefinedWeb" (Falcon-40B/180B) is the new decoder
-    # architecture (grouped KV heads, two LayerNorms); "RefinedWebModel" (Falcon-7B) is not.
-    legacy_new = view.data.get("model_type") == "RefinedWeb"
-    new_arch = view.flag("new_decoder_architecture", default=legacy_new)
+    new_arch = view.flag("new_decoder_architecture", default=False)
     parallel = view.flag("parallel_attn", default=True, why="FalconConfig default")
     bias = view.flag("bias", default=False, why="FalconConfig default")
     alibi = view.flag("alibi", default=False)
