@@ -14,7 +14,8 @@ from enum import Enum
 from typing import Any, Final
 
 from vramlens.estimate.versions import CURRENT, PACKAGES
-from vramlens.workload.load import LORA_KEYS, MAX_ALLOC_CONF_CHARS, MAX_VERSION_CHARS, PARALLEL_KEYS, TOP_KEYS
+from vramlens.workload._strings import MAX_ALLOC_CONF_CHARS, MAX_VERSION_CHARS
+from vramlens.workload.load import LORA_KEYS, PARALLEL_KEYS, TOP_KEYS
 from vramlens.workload.options import (
     AttentionImpl,
     Engine,

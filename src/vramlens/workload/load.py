@@ -21,6 +21,7 @@ from typing import Any, Final
 from vramlens._files import LIMITS, read_regular
 from vramlens._untrusted import abridge, brief, load_json, load_yaml
 from vramlens.errors import InputError
+from vramlens.workload._strings import alloc_conf, text, versions
 from vramlens.workload.options import (
     AttentionImpl,
     Engine,
@@ -123,18 +124,6 @@ def _flag(key: str, value: Any) -> bool:
     raise InputError(f"{key}: must be true or false, got {brief(value)}")
 
 
-#: Longest text a string key takes (a path: PATH_MAX is 4096 on Linux).
-MAX_TEXT_CHARS: Final = 4096
-
-
-def _text(key: str, value: Any) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise InputError(f"{key}: must be a non-empty string, got {brief(value)}")
-    if len(value) > MAX_TEXT_CHARS:
-        raise InputError(f"{key}: {len(value):,} characters, more than the {MAX_TEXT_CHARS} accepted: {brief(value)}")
-    return value.strip()
-
-
 def _optional(convert: Converter) -> Converter:
     return lambda key, value: None if value is None or value == "null" else convert(key, value)
 
@@ -160,87 +149,15 @@ def _gpu(key: str, value: Any) -> str:
     """A GPU name or size, checked against the hardware table now (kept as written)."""
     from vramlens.hardware import resolve_gpu
 
-    text = _text(key, value)
-    resolve_gpu(text, field_name=key)
-    return text
-
-
-def _alloc_conf(key: str, value: Any) -> str:
-    """A ``PYTORCH_CUDA_ALLOC_CONF`` string (at most :data:`MAX_ALLOC_CONF_CHARS`), parsed now as
-    PyTorch parses it (kept as written)."""
-    if value is None:
-        return ""
-    if not isinstance(value, str):
-        raise InputError(
-            f"{key}: must be a PYTORCH_CUDA_ALLOC_CONF string such as 'expandable_segments:True', got {brief(value)}"
-        )
-    if len(value) > MAX_ALLOC_CONF_CHARS:
-        raise InputError(f"{key}: {len(value):,} characters, more than the {MAX_ALLOC_CONF_CHARS} accepted")
-    from vramlens.allocator import AllocatorSettings
-
-    text = value.strip()
-    try:
-        AllocatorSettings.from_conf(text)
-    except ValueError as error:
-        raise InputError(f"{key}: {str(error).removeprefix('allocator config: ')}") from None
-    return text
-
-
-def _versions(key: str, value: Any) -> tuple[tuple[str, str], ...]:
-    """Library versions: a mapping (or ``"transformers=4.35,vllm=0.6"``) of known packages to
-    quoted release numbers (each at most :data:`MAX_VERSION_CHARS`); sorted pairs."""
-    from vramlens.estimate.versions import PACKAGES
-
-    if value is None:
-        return ()
-    if isinstance(value, tuple) and all(isinstance(pair, tuple) and len(pair) == 2 for pair in value):
-        value = dict(value)
-    if isinstance(value, str):
-        pairs = [part.split("=", 1) for part in _text(key, value).split(",") if part.strip()]
-        if any(len(pair) != 2 for pair in pairs):
-            raise InputError(
-                f"{key}: expected package=version pairs such as 'transformers=4.35,vllm=0.6', got {brief(value)}"
-            )
-        value = {name.strip(): version.strip() for name, version in pairs}
-    if not isinstance(value, Mapping):
-        raise InputError(
-            f"{key}: expected a mapping of package to version, e.g. {{transformers: '4.35'}}, got {brief(value)}"
-        )
-    found = {}
-    for package, version in value.items():
-        if package not in PACKAGES:
-            raise InputError(f"{key}: unknown package {brief(package)}; accepted: {', '.join(PACKAGES)}")
-        found[package] = _version(f"{key}.{package}", version)
-    return tuple(sorted(found.items()))
-
-
-#: Longest ``alloc_conf`` accepted (every key PyTorch knows, written out, is under 400).
-MAX_ALLOC_CONF_CHARS: Final = 1024
-#: Longest release number accepted (``2.5.1+cu124.post3.dev20250101`` has 29 characters).
-MAX_VERSION_CHARS: Final = 64
-
-
-def _version(key: str, version: Any) -> str:
-    """A quoted release number such as ``'4.46'``: ASCII, at most :data:`MAX_VERSION_CHARS`."""
-    from vramlens.estimate.versions import parse_version
-
-    if (
-        not isinstance(version, str)
-        or not version.isascii()
-        or len(version) > MAX_VERSION_CHARS
-        or parse_version(version) is None
-    ):
-        raise InputError(
-            f"{key}: expected a quoted release number such as '4.46' "
-            f"(a YAML number loses trailing zeros), got {brief(version)}"
-        )
-    return version.strip()
+    name = text(key, value)
+    resolve_gpu(name, field_name=key)
+    return name
 
 
 def _model(key: str, value: Any) -> Any:
     from vramlens.model.spec import ModelSpec
 
-    return value if isinstance(value, ModelSpec) else _text(key, value)
+    return value if isinstance(value, ModelSpec) else text(key, value)
 
 
 LORA_KEYS: Final[dict[str, Converter]] = {
@@ -294,8 +211,8 @@ TOP_KEYS: Final[dict[str, Converter]] = {
     "block_size": _integer("block_size"),
     "max_num_batched_tokens": _optional(_integer("max_num_batched_tokens", tokens=True)),
     "allow_long_context": _flag,
-    "alloc_conf": _alloc_conf,
-    "versions": _versions,
+    "alloc_conf": alloc_conf,
+    "versions": versions,
 }
 _NESTED: Final = {"lora": LORA_KEYS, "parallel": PARALLEL_KEYS}
 
