@@ -29,6 +29,7 @@ from starlette.routing import Route
 
 from vramlens._untrusted import load_json
 from vramlens.errors import InputError
+from vramlens.model.generic.store import CodeNotRead
 from vramlens.plan.budget import PlanCancelled
 from vramlens.report.model import MemoryReport
 from vramlens.units import format_bytes, format_count
@@ -182,7 +183,13 @@ async def estimate_endpoint(request: Request) -> Response:
     key = cache_key(report, workload)
     answer = cache.get(key)
     if answer is None:  # ~0.3-0.5 ms of work: computed on the event loop, no thread hop
-        result = _report(workload, _store(request))
+        try:
+            result = _report(workload, _store(request))
+        except CodeNotRead:  # a model read from its code, at a setting not traced yet
+            stopped = await _read_code(request, _estimate_job(request, workload))
+            if stopped is not None:
+                return stopped
+            result = _report(workload, _store(request))
         content = {"report": result.to_dict()} if report else {}
         answer = bytes(JSONResponse({**content, "view": present_report(result)}).body)
         cache.put(key, answer)
@@ -202,9 +209,16 @@ RAW_ROUTES: Final = (Route("/api/estimate", estimate_endpoint, methods=["POST"])
 )
 async def report_html(request: Request) -> Response:
     from vramlens.report.html import render_html
+    from vramlens.workload.load import load_workload
 
-    workload = await _json_object(request)
-    report = _report(workload, _store(request))
+    workload = load_workload(_with_model(await _json_object(request)))
+    try:
+        report = _report(workload, _store(request))
+    except CodeNotRead:
+        stopped = await _read_code(request, _estimate_job(request, workload))
+        if stopped is not None:
+            return stopped
+        report = _report(workload, _store(request))
     page = await run_in_threadpool(render_html, report)
     name = _NAME_RE.sub("-", report.model).strip("-") or "model"
     return Response(
@@ -292,8 +306,38 @@ def _upload_name(name: str | None, default: str) -> str:
     openapi_extra={"requestBody": {"required": True, "content": _RAW_BODY}},
 )
 async def config_route(request: Request, name: str | None = Query(None, max_length=200)) -> Response:
-    data = await request.body()
-    return JSONResponse(parse_upload(data, _upload_name(name, "config.json"), _store(request)))
+    data, shown = await request.body(), _upload_name(name, "config.json")
+    try:
+        return JSONResponse(parse_upload(data, shown, _store(request)))
+    except CodeNotRead:  # a model_type without a native family, not read yet
+        stopped = await _read_code(request, ("config", data, shown))
+        if stopped is not None:
+            return stopped
+        return JSONResponse(parse_upload(data, shown, _store(request)))
+
+
+def _estimate_job(request: Request, workload: Workload) -> tuple[Any, ...]:
+    from vramlens.workload.load import workload_to_dict
+
+    return ("estimate", _store(request).recipe(workload.model), workload_to_dict(workload))
+
+
+async def _read_code(request: Request, job: tuple[Any, ...]) -> Response | None:
+    """Have a process of its own read or trace a model's code into the recipe cache (the server
+    never imports torch: :func:`vramlens.model.generic.store.code_reading`), in a planner slot;
+    the answer to give instead when it was cancelled, else None (the cache now holds it)."""
+    from vramlens.web.planning import WEB_CODE_SECONDS, PlanRunner, read_code
+
+    runner: PlanRunner = request.app.state.planner
+    what = "reading the model's code" if job[0] == "config" else "tracing the model's layers"
+    async with _plans(request):
+        try:
+            await runner.run(job, request.is_disconnected, target=read_code, seconds=WEB_CODE_SECONDS, what=what)
+        except PlanCancelled:
+            return _stopped(request)
+        except RuntimeError as error:  # the process died (out of memory) or transformers' code broke
+            raise InputError(f"{what}: its process failed ({error})") from None
+    return None
 
 
 def _view(data: bytes, name: str, fmt: str) -> Any:

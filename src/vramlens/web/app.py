@@ -156,10 +156,13 @@ def warm_up() -> None:
 
 @asynccontextmanager
 async def _lifespan(app: Any) -> AsyncIterator[None]:
+    from vramlens.model.generic.store import code_reading
+
     warm_up()
     app.state.planner.start()
     try:
-        yield
+        with code_reading(False):  # models' code is read and traced in processes of their own
+            yield
     finally:
         stop(app)
 

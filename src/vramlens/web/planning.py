@@ -33,11 +33,14 @@ from typing import Any, Final
 from vramlens.errors import InputError, VramlensError
 from vramlens.plan.budget import PlanBudget, PlanCancelled, PlanTooLarge
 
-__all__ = ["GRACE_S", "WEB_PLAN_ESTIMATES", "WEB_PLAN_SECONDS", "PlanRunner"]
+__all__ = ["GRACE_S", "WEB_CODE_SECONDS", "WEB_PLAN_ESTIMATES", "WEB_PLAN_SECONDS", "PlanRunner", "read_code"]
 
 #: Work one web plan may do: configurations estimated (~0.15 ms each) and seconds.
 WEB_PLAN_ESTIMATES: Final = 100_000
 WEB_PLAN_SECONDS: Final = 20.0
+#: Seconds the process that reads or traces a model's code (:func:`read_code`) may take: a
+#: small model's first trace takes 10 to 45 s on 2 busy cores (``vramlens estimate`` alike).
+WEB_CODE_SECONDS: Final = 300.0
 #: How much nicer than the server a plan's process runs (CFS gives a nice-10 process a tenth of
 #: the share of a nice-0 one): a plan never slows the estimates the page asks for.
 NICENESS: Final = 10
@@ -64,14 +67,34 @@ def _answer(arguments: Arguments, budget: PlanBudget) -> dict[str, Any]:
     return {"plan": result.to_dict(), "view": present_plan(result, top=top)}
 
 
-def _child(connection: Connection, arguments: Arguments) -> None:
+def read_code(arguments: tuple[Any, ...], budget: PlanBudget) -> dict[str, Any]:
+    """Read or trace a model's code into the recipe cache, for a server that does not
+    (:func:`vramlens.model.generic.store.code_reading`): ``("config", bytes, name)`` describes an
+    uploaded config, ``("estimate", model recipe, workload dict)`` estimates a workload (tracing
+    its layer recipe). The answer is empty: the server answers from the cache afterwards."""
+    from vramlens.estimate import estimate
+    from vramlens.model.generic.store import code_reading
+    from vramlens.web.uploads import UploadStore, build_model, parse_upload
+
+    with code_reading(True):
+        if arguments[0] == "config":
+            parse_upload(arguments[1], arguments[2], UploadStore())
+        else:
+            estimate({**arguments[2], "model": build_model(arguments[1])})
+    return {}
+
+
+Target = Callable[[Any, PlanBudget], dict[str, Any]]
+
+
+def _child(connection: Connection, target: Target, arguments: Any) -> None:
     """The plan process: one message back, ``("ok", answer)`` or ``("error", kind, message)``.
     It runs at a lower priority (nice +:data:`NICENESS`): the server's estimates go first."""
     with contextlib.suppress(AttributeError, OSError):
         os.nice(NICENESS)
     try:
         budget = PlanBudget(max_estimates=WEB_PLAN_ESTIMATES, max_seconds=WEB_PLAN_SECONDS)
-        message: tuple[Any, ...] = ("ok", _answer(arguments, budget))
+        message: tuple[Any, ...] = ("ok", target(arguments, budget))
     except VramlensError as error:
         message = ("error", type(error).__name__, str(error))
     except BaseException as error:  # a bug: the parent answers 500 with it
@@ -110,20 +133,29 @@ class PlanRunner:
         for child in list(self._children):
             child.kill()
 
-    async def run(self, arguments: Arguments, withdrawn: Callable[[], Awaitable[bool]]) -> dict[str, Any]:
-        """The answer of one plan; :class:`PlanCancelled` when ``withdrawn()`` turns true (the
-        client left) or the server stops; :class:`PlanTooLarge` past the budget."""
+    async def run(
+        self,
+        arguments: Any,
+        withdrawn: Callable[[], Awaitable[bool]],
+        *,
+        target: Target = _answer,
+        seconds: float = WEB_PLAN_SECONDS,
+        what: str = "plan",
+    ) -> dict[str, Any]:
+        """The answer of one plan (or of another ``target``, e.g. :func:`read_code`, named
+        ``what`` in messages); :class:`PlanCancelled` when ``withdrawn()`` turns true (the client
+        left) or the server stops; :class:`PlanTooLarge` past the budget or ``seconds``."""
         if self._stopping.is_set():
-            raise PlanCancelled("plan: cancelled (the server is stopping)")
+            raise PlanCancelled(f"{what}: cancelled (the server is stopping)")
         if self._context is None:
-            return await self._in_thread(arguments, withdrawn)
+            return await self._in_thread(arguments, withdrawn, target)
         receive, send = self._context.Pipe(duplex=False)
-        child = self._context.Process(target=_child, args=(send, arguments), daemon=True)
+        child = self._context.Process(target=_child, args=(send, target, arguments), daemon=True)
         child.start()
         send.close()
         self._children.add(child)
         try:
-            message = await self._wait(child, receive, withdrawn)
+            message = await self._wait(child, receive, withdrawn, seconds + GRACE_S, what)
         finally:
             if child.is_alive():
                 child.kill()
@@ -137,12 +169,14 @@ class PlanRunner:
             raise _ERRORS.get(message[1], InputError)(message[2])
         raise RuntimeError(f"{message[1]}: {message[2]}")
 
-    async def _wait(self, child: Any, receive: Connection, withdrawn: Callable[[], Awaitable[bool]]) -> Any:
+    async def _wait(
+        self, child: Any, receive: Connection, withdrawn: Callable[[], Awaitable[bool]], limit_s: float, what: str
+    ) -> Any:
         """The child's message, watching the client, the stop switch and the deadline meanwhile."""
         loop = asyncio.get_running_loop()
         ready = asyncio.Event()
         loop.add_reader(receive.fileno(), ready.set)
-        deadline = time.monotonic() + WEB_PLAN_SECONDS + GRACE_S
+        deadline = time.monotonic() + limit_s
         try:
             while not ready.is_set():
                 with contextlib.suppress(asyncio.TimeoutError):
@@ -150,22 +184,25 @@ class PlanRunner:
                 if ready.is_set():
                     break
                 if self._stopping.is_set() or await withdrawn():
-                    raise PlanCancelled("plan: cancelled (the server is stopping or the client went away)")
+                    raise PlanCancelled(f"{what}: cancelled (the server is stopping or the client went away)")
                 if not child.is_alive():
-                    raise RuntimeError(f"the plan's process ended without an answer (exit code {child.exitcode})")
+                    raise RuntimeError(f"the {what}'s process ended without an answer (exit code {child.exitcode})")
                 if time.monotonic() > deadline:
-                    raise PlanTooLarge(f"plan: no answer within {WEB_PLAN_SECONDS + GRACE_S:g} s; narrow the search")
+                    narrow = "narrow the search" if what == "plan" else "try vramlens on the command line"
+                    raise PlanTooLarge(f"{what}: no answer within {limit_s:g} s; {narrow}")
         finally:
             loop.remove_reader(receive.fileno())
         return await asyncio.to_thread(receive.recv)
 
-    async def _in_thread(self, arguments: Arguments, withdrawn: Callable[[], Awaitable[bool]]) -> dict[str, Any]:
+    async def _in_thread(
+        self, arguments: Any, withdrawn: Callable[[], Awaitable[bool]], target: Target
+    ) -> dict[str, Any]:
         """Without a fork server: the plan in a worker thread, stopped through its budget."""
         left = threading.Event()
         budget = PlanBudget(
             max_estimates=WEB_PLAN_ESTIMATES, max_seconds=WEB_PLAN_SECONDS, cancel=(left, self._stopping), yield_every=4
         )
-        task = asyncio.ensure_future(asyncio.to_thread(_answer, arguments, budget))
+        task = asyncio.ensure_future(asyncio.to_thread(target, arguments, budget))
         try:
             while True:
                 done, _ = await asyncio.wait({task}, timeout=0.2)

@@ -27,7 +27,7 @@ from vramlens.errors import ConfigError, MissingExtraError
 from vramlens.model.components import FfnKind, LayerSpec, MixerKind, PositionKind, PositionSpec
 from vramlens.model.config_reader import MAX_SIZE, ConfigView
 from vramlens.model.generic.layout import Component, GenericLayout, layout_from_json, layout_to_json
-from vramlens.model.generic.store import recipe_file
+from vramlens.model.generic.store import recipe_file, require_code_reading
 
 if TYPE_CHECKING:
     from vramlens.model.spec import ModelSpec
@@ -105,8 +105,9 @@ def _layout(data: dict[str, Any], model_type: str, source: str, dtype: str) -> G
             return layout_from_json(stored["layout"])
         except (KeyError, ValueError, TypeError):
             pass
-    _check_known(model_type, source, data)
     check_layer_counts(data, source)
+    require_code_reading(f"{source}: reading model_type {model_type!r} from transformers' code")
+    _check_known(model_type, source, data)
     from vramlens.model.generic.reader import read_layout
 
     _LOG.info("reading %s (%s) from transformers' code on the meta device (once; cached)", source, model_type)
