@@ -72,5 +72,5 @@ def test_a_model_read_from_its_code_is_read_outside_the_server(tmp_path: Path, m
     assert found["config"] == 200 and "qwen3_next" in found["config_text"], found
     assert found["estimate"] == 200 and found["again"] == 200, found
     assert not found["torch"] and not found["transformers"], found  # the server never imported them
-    assert found["slowest"] < 1.0, found
+    assert found["slowest"] < 2.0, found  # 20 s when the code was read on the event loop
     assert list((tmp_path / "recipes").glob("qwen3_next-*.json")), "the child filled the recipe cache"
