@@ -6,11 +6,11 @@ one-line errors as ``vramlens estimate`` gives (exit status 2).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import click
 
+from vramlens.cli._output import dumps, echo
 from vramlens.units import format_bytes
 
 __all__ = ["activations_command"]
@@ -70,14 +70,14 @@ def activations_command(
         if seed is not None:
             data["seed_count"] = {"bytes_per_token": seed.bytes_per_token, "elements_per_token": seed.elements_per_token,
                                   "modules": seed.modules}  # fmt: skip
-        click.echo(json.dumps(data, indent=2))
+        click.echo(dumps(data, indent=2))
         return
     if seq is None and chosen != str(DEFAULT_SEQ):
-        click.echo(f"seq: {chosen} ({spec.name}'s context; the default {DEFAULT_SEQ} is longer)")
+        echo(f"seq: {chosen} ({spec.name}'s context; the default {DEFAULT_SEQ} is longer)")
     for line in _text(count):
-        click.echo(line)
+        echo(line)
     for line in _seed_lines(count, seed):
-        click.echo(line)
+        echo(line)
 
 
 def _number(value: float) -> str:

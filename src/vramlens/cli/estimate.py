@@ -8,13 +8,13 @@ validated by the workload loader, so errors are the same one-liners as for files
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
 import click
 
 from vramlens.cli._from import WorkloadInputs, from_options, read_source, with_source
+from vramlens.cli._output import dumps, echo
 from vramlens.cli._pictures import check_pictures, picture_options, write_pictures
 from vramlens.errors import InputError
 
@@ -122,9 +122,12 @@ def _with_workload_options(func: Callable[..., Any]) -> Callable[..., Any]:
         func = click.option(f"--{flag}/--no-{flag}", default=None, help=f"{help_text} [default: {_default(path)}]")(
             func
         )
+    from vramlens.workload.ranges import RANGES
+
     for flag, (path, help_text) in reversed(list(FLAGS.items())):
+        bounds = f" ({RANGES[path].describe()})" if path in RANGES else ""
         func = click.option(
-            f"--{flag}", default=None, metavar="VALUE", help=f"{help_text} [default: {_default(path)}]"
+            f"--{flag}", default=None, metavar="VALUE", help=f"{help_text}{bounds} [default: {_default(path)}]"
         )(func)
     return func
 
@@ -221,14 +224,14 @@ def _show(report: Any, fmt: str, explain: bool, answer: Any, *, ascii_only: bool
             data["capacity"] = {"key": answer.key, "value": answer.value, "limit": answer.limit}
         if source is not None:
             data["source"] = source.to_dict()
-        click.echo(json.dumps(data, indent=2))
+        click.echo(dumps(data, indent=2))
         return
     if headline:
-        click.echo(headline)
+        echo(headline)
     if fmt == "markdown":
         from vramlens.report.text import markdown_report
 
-        click.echo(markdown_report(report, explain=explain), nl=False)
+        echo(markdown_report(report, explain=explain), nl=False)
     else:
         from vramlens.report.text import print_report
 

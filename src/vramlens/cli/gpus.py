@@ -6,11 +6,11 @@ size such as ``24GiB``); the answer lists the cards sold with the same memory be
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import click
 
+from vramlens.cli._output import dumps, echo
 from vramlens.hardware import GpuSpec, gpu_table, resolve_gpu, same_memory
 from vramlens.units import format_bytes
 
@@ -48,13 +48,13 @@ def gpus_command(name: str | None, memory: str | None, fmt: str) -> None:
         gpus = list(gpu_table())
     rows = [_row(gpu) for gpu in gpus]
     if fmt == "json":
-        click.echo(json.dumps(rows if name is None else rows[0], indent=2))
+        click.echo(dumps(rows if name is None else rows[0], indent=2))
         return
     if name is not None:
         _describe(gpus[0], rows[0])
         return
     if not rows:
-        click.echo(f"no card in the table has about {memory}")
+        echo(f"no card in the table has about {memory}")
         return
     from vramlens.report.console import fit_lines
 
@@ -64,7 +64,7 @@ def gpus_command(name: str | None, memory: str | None, fmt: str) -> None:
         same = ", ".join(row["same_memory"]) or "-"
         lines.append(f"{row['name']:<{width}}  {row['memory']:>11}  {row['capacity_basis']:<18}  {same}")
     for line in fit_lines(lines):
-        click.echo(line)
+        echo(line)
 
 
 def _describe(gpu: GpuSpec, row: dict[str, Any]) -> None:
@@ -78,4 +78,4 @@ def _describe(gpu: GpuSpec, row: dict[str, Any]) -> None:
         *([f"  source:       {gpu.source}"] if gpu.source else []),
     ]
     for line in fit_lines(lines):
-        click.echo(line)
+        echo(line)

@@ -8,11 +8,11 @@ override the file's keys (:func:`vramlens.rlhf.load_rlhf` documents the file).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import click
 
+from vramlens.cli._output import dumps, echo
 from vramlens.cli._rlhf_pictures import check_pictures, rlhf_picture_options, show_rlhf_pictures
 from vramlens.errors import InputError
 from vramlens.units import GiB
@@ -164,11 +164,11 @@ def render_rlhf_table(report: Any) -> str:
 
 def _show(report: Any, fmt: str) -> None:
     if fmt == "json":
-        click.echo(json.dumps(report.to_dict(), indent=2))
+        click.echo(dumps(report.to_dict(), indent=2))
     else:
         from vramlens.report.console import fit_lines
 
-        click.echo("\n".join(fit_lines(render_rlhf_table(report).splitlines())))
+        echo("\n".join(fit_lines(render_rlhf_table(report).splitlines())))
 
 
 _ROLE_HELP = "model of the {}: catalog name or config path (default: the actor's model)"

@@ -28,7 +28,7 @@ from vramlens.estimate.layout import EMBED_NAMES, ParamLayout, StageView, Traina
 from vramlens.estimate.qlora import BNB_4BIT_QUANTS, kbit_prepared, unquantized_bytes
 from vramlens.model.generic.layout import Component, GenericLayout
 from vramlens.model.generic.recipe import InferenceRecipe, TrainingRecipe, recipe_from_json, recipe_to_json
-from vramlens.model.generic.store import RecipeFile, recipe_file
+from vramlens.model.generic.store import RecipeFile, recipe_file, require_code_reading
 from vramlens.model.spec import ModelSpec
 from vramlens.workload.options import Framework, Method, Quant, Recompute
 from vramlens.workload.spec import ALL_LINEAR
@@ -246,6 +246,7 @@ def _recipe(spec: ModelSpec, signature: dict[str, Any], lengths: dict[str, int],
     stored: dict[str, Any] = found if isinstance(found, dict) else {}
     recipe = _stored(stored.get(key)) or _interpolating(stored, signature, lengths)
     if recipe is None:
+        require_code_reading(f"{spec.name}: tracing its layer recipe for this setting")
         _LOG.info(
             "tracing the layer recipe of %s from transformers' code for this setting (once; cached in %s)",
             spec.name,

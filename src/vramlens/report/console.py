@@ -21,8 +21,11 @@ def output_width() -> int | None:
 
 
 def output_console() -> Console:
-    """A rich console for stdout at :func:`output_width`."""
-    return Console(width=output_width(), highlight=False)
+    """A rich console for stdout at :func:`output_width` (:func:`vramlens.report.terminal.terminal_console`:
+    no markup, control characters escaped)."""
+    from vramlens.report.terminal import terminal_console
+
+    return terminal_console(width=output_width())
 
 
 def fit_lines(lines: Iterable[str], width: int | None = None) -> list[str]:

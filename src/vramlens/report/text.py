@@ -17,10 +17,11 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from vramlens._untrusted import abridge
 from vramlens.categories import Category
-from vramlens.report.console import output_console
 from vramlens.report.model import MemoryReport, PhaseMemory
 from vramlens.report.serving_text import serving_lines, vllm_fit_sentence
+from vramlens.report.terminal import terminal_console
 from vramlens.report.timeline_text import ASCII_TABLE_BOX, Bar, bar, timeline_renderable
 from vramlens.units import format_bytes
 
@@ -128,10 +129,10 @@ def add_phase_rows(
     for phase in phases:
         marker = " <- peak" if phase.name == report.peak_phase else ""
         table.add_row(
-            phase.name + marker,
+            abridge(phase.name, 120) + marker,  # a snapshot's annotation: any length
             format_bytes(phase.allocated_bytes),
             _bar(phase.allocated_bytes / top, 16, ascii_only=ascii_only),
-            phase.note,
+            abridge(phase.note, 200),
         )
 
 
@@ -196,7 +197,7 @@ def report_renderable(report: MemoryReport, *, explain: bool = False, ascii_only
 
 def print_report(report: MemoryReport, *, explain: bool = False, ascii_only: bool = False) -> None:
     """Print a report to stdout (the terminal's width on a terminal, 120 columns when piped)."""
-    console = output_console()
+    console = terminal_console()
     console.print(report_renderable(report, explain=explain, ascii_only=ascii_only))
 
 

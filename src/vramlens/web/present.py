@@ -20,7 +20,7 @@ from vramlens.report.text import fit_line, headline, level_rows, serving_lines
 from vramlens.report.view_text import view_headline
 from vramlens.units import format_bytes
 
-__all__ = ["present_plan", "present_report", "present_view"]
+__all__ = ["present_gpus", "present_plan", "present_report", "present_view"]
 
 #: Each category's color (:mod:`vramlens.report.palette`), looked up once.
 _COLORS = {category: swatch(category).hex for category in Category}
@@ -137,3 +137,19 @@ def present_plan(result: Plan, *, top: int) -> dict[str, Any]:
         "impossible": result.impossible,
         "rows": rows,
     }
+
+
+def present_gpus() -> list[dict[str, Any]]:
+    """The GPU table as ``GET /api/gpus`` sends it: names, aliases, capacity as bytes and text, its basis."""
+    from vramlens.hardware import gpu_table
+
+    return [
+        {
+            "name": gpu.name,
+            "display_name": gpu.display_name,
+            "aliases": list(gpu.aliases),
+            "memory": {"bytes": gpu.memory_bytes, "text": format_bytes(gpu.memory_bytes)},
+            "capacity_basis": gpu.capacity_basis,
+        }
+        for gpu in gpu_table()
+    ]

@@ -1,12 +1,12 @@
 """Parsing helpers shared by the run config readers: YAML/JSON text, command lines, flag values.
 
-Nothing here executes anything: YAML goes through ``yaml.safe_load``, command lines through
+Nothing here executes anything: YAML and JSON go through the bounded readers of
+:mod:`vramlens._untrusted` (PyYAML's safe loader, aliases checked before expansion), command lines through
 ``shlex`` (a tokenizer, not a shell).
 """
 
 from __future__ import annotations
 
-import json
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -23,25 +23,13 @@ _FALSE: Final = frozenset({"false", "no", "0", "off", "none", "null", ""})
 
 
 def parse_document(text: str, origin: str, *, json_first: bool) -> Any:
-    """A YAML or JSON document (JSON is YAML too, but JSON errors read better from ``json``)."""
-    if json_first:
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{origin}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-        except RecursionError:
-            raise InputError(f"{origin}: invalid JSON: nested too deeply") from None
-    import yaml
+    """A YAML or JSON document (JSON is YAML too, but JSON errors read better from ``json``), read
+    with the bounded readers of :mod:`vramlens._untrusted` (no alias bombs, no deep nesting)."""
+    from vramlens._untrusted import load_json, load_yaml
 
-    try:
-        return yaml.safe_load(text)
-    except RecursionError:
-        raise InputError(f"{origin}: invalid YAML: nested too deeply") from None
-    except Exception as exc:  # yaml.YAMLError and its subclasses
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise InputError(f"{origin}: invalid YAML{where}: {problem}") from None
+    if json_first:
+        return load_json(text, name=origin)
+    return load_yaml(text, name=origin)
 
 
 def split_command(text: str, origin: str) -> list[str]:

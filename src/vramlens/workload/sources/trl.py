@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from vramlens.errors import InputError
 from vramlens.workload.sources._common import HF_ATTENTION, map_hf_optimizer
 from vramlens.workload.sources._mapping import MappingBuilder, SourcedWorkload
 from vramlens.workload.sources._text import Arguments, as_bool, as_int, parse_command
@@ -265,7 +266,7 @@ def _sharding(out: MappingBuilder, args: Arguments, ctx: ReadContext) -> None:
 
 
 def _fsdp_config(out: MappingBuilder, value: str, ctx: ReadContext) -> dict[str, Any]:
-    import json
+    from vramlens._untrusted import load_json
 
     text = value
     if not value.lstrip().startswith("{"):
@@ -275,8 +276,8 @@ def _fsdp_config(out: MappingBuilder, value: str, ctx: ReadContext) -> dict[str,
             return {}
         text = found[1]
     try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, RecursionError):
+        data = load_json(text, name="--fsdp_config")
+    except InputError:
         raise out.fail("--fsdp_config", "not a JSON object") from None
     if not isinstance(data, dict):
         raise out.fail("--fsdp_config", "not a JSON object")
