@@ -122,6 +122,20 @@ def _web(path: Path) -> str:
     return answer.text
 
 
+def _run_config(path: Path) -> str:
+    """``vramlens estimate --from FILE``: the reading, then the estimate with its notes."""
+    from vramlens.estimate import estimate
+    from vramlens.report.text import report_renderable
+    from vramlens.workload import load_workload
+    from vramlens.workload.sources import read_run_config
+
+    source = read_run_config(path)
+    keys = dict(source.keys)
+    keys.setdefault("model", "llama-3.2-1b")
+    report = estimate(load_workload(keys))
+    return "\n".join(source.assumptions()) + _rendered(report_renderable(report))
+
+
 READERS: dict[str, Callable[[Path], str]] = {
     "snapshot": _view,
     "workload": _workload,
@@ -131,6 +145,7 @@ READERS: dict[str, Callable[[Path], str]] = {
     "safetensors": _safetensors,
     "store": _store,
     "web": _web,
+    "run-config": _run_config,
 }
 
 

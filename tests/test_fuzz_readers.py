@@ -265,6 +265,21 @@ def _web_inputs(folder: Path, rng: random.Random) -> dict[str, bytes]:
     return {f"{name}.req": data for name, data in inputs.items()}
 
 
+def _run_config_inputs(folder: Path, rng: random.Random) -> dict[str, bytes]:
+    """The run configs of examples/ (``--from``) as seeds, their mutants and the YAML/JSON bombs."""
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    inputs: dict[str, bytes] = {}
+    for path in sorted(examples.iterdir()):
+        if path.suffix in (".yml", ".yaml", ".json", ".sh"):
+            seed = path.read_bytes()
+            inputs[path.name] = seed
+            mutants = _mutants(seed, rng, count=4)
+            inputs |= {f"{path.stem}-m{i}{path.suffix}": mutant for i, mutant in enumerate(mutants)}
+    hostile = _text_inputs({}, "base_model", rng)
+    hostile["escape.sh"] = f"vllm serve '{ESCAPE}{SCRIPT}' --max-model-len 4096\n".encode()
+    return inputs | hostile
+
+
 BUILDERS = {
     "snapshot": _snapshot_inputs,
     "workload": _workload_inputs,
@@ -274,6 +289,7 @@ BUILDERS = {
     "safetensors": _safetensors_inputs,
     "store": _store_inputs,
     "web": _web_inputs,
+    "run-config": _run_config_inputs,
 }
 
 
