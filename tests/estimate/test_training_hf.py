@@ -35,6 +35,13 @@ _CASES = {
     "LoRA all-linear": ({"method": "lora"}, 0.03),
     "LoRA q,v": ({"method": "lora", "targets": ("q_proj", "v_proj")}, 0.03),
     "LoRA + autocast": ({"method": "lora", "precision": "mixed-bf16"}, 0.03),
+    # The head's adapter: a bf16 head with fp32 adapters (a cast copy of the final hidden state is
+    # kept, the branch peaks beside the base logits), and fp32 (the hidden state itself is kept).
+    "LoRA q,v + lm_head": ({"method": "lora", "targets": ("q_proj", "v_proj", "lm_head")}, 0.03),
+    "LoRA q,v + lm_head, fp32": (
+        {"method": "lora", "targets": ("q_proj", "v_proj", "lm_head"), "precision": "fp32"},
+        0.03,
+    ),
     "LoRA + full recompute, long sequence": ({"method": "lora", "recompute": True, "batch": 8, "seq": 512}, 0.03),
 }
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from vramlens.errors import InputError
 from vramlens.estimate._memo import memo
 from vramlens.estimate.context import TrainingContext
-from vramlens.estimate.lora_head import HEAD_NAMES, check_head_loss, head_adapter_elements
+from vramlens.estimate.lora_head import HEAD_NAMES, head_adapter_elements
 from vramlens.estimate.qlora import BNB_4BIT_QUANTS, kbit_prepared, unquantized_bytes
 from vramlens.estimate.styles import hf_style
 from vramlens.estimate.vision import tower_targets, vision_frozen_bytes, vision_trained
@@ -109,7 +109,6 @@ def lora_targets(ctx: TrainingContext) -> frozenset[str]:
     for target in targets:
         matches = {n for n in names if n == target or n.endswith("." + target)} | tower_targets(ctx.spec, target)
         if not matches and target in HEAD_NAMES:
-            check_head_loss(ctx.loss)
             matches = {target}
         if not matches:
             raise InputError(

@@ -127,6 +127,7 @@ def training_lora_head(ctx: TrainingContext, targets: frozenset[str], *, chunks:
     The final hidden state is fp32 under autocast on fp32 weights (QLoRA's k-bit preparation)."""
     if not targets & HEAD_NAMES:
         return None
+    check_head_loss(ctx.loss)
     fp32_stream = ctx.autocast and kbit_prepared(ctx.workload, ctx.profile)
     return lora_head(
         hidden=ctx.spec.hidden_size,
