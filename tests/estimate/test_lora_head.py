@@ -3,18 +3,12 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
 from conftest import requires_hf
 from vramlens.errors import InputError
 from vramlens.estimate import estimate
 from vramlens.estimate.lora_head import head_adapter_elements, lora_head
-from vramlens.estimate.runtime import CUBLAS_WORKSPACE_BYTES
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 _QV_HEAD = ["q_proj", "v_proj", "lm_head"]
 
