@@ -122,9 +122,10 @@ def check_head_loss(loss: LossImpl) -> None:
         )
 
 
-def training_lora_head(ctx: TrainingContext, targets: frozenset[str], *, chunks: float) -> LoraHead | None:
-    """The head adapter of a training step whose ``targets`` name the head (None otherwise).
-    The final hidden state is fp32 under autocast on fp32 weights (QLoRA's k-bit preparation)."""
+def training_lora_head(ctx: TrainingContext, targets: frozenset[str], *, loss_chunks: float) -> LoraHead | None:
+    """The head adapter of a training step whose ``targets`` name the head (None otherwise); the
+    head runs chunk by chunk (``loss_chunks``) under a chunked loss. The final hidden state is
+    fp32 under autocast on fp32 weights (QLoRA's k-bit preparation)."""
     if not targets & HEAD_NAMES:
         return None
     check_head_loss(ctx.loss)
@@ -138,7 +139,7 @@ def training_lora_head(ctx: TrainingContext, targets: frozenset[str], *, chunks:
         adapter_bytes=4 if ctx.profile.adapters_fp32 else ctx.compute_bytes,
         autocast=ctx.autocast,
         dropout=ctx.workload.lora.dropout > 0,
-        chunks=chunks,
+        chunks=loss_chunks if ctx.loss is LossImpl.CHUNKED else 1.0,
     )
 
 

@@ -25,7 +25,7 @@ from vramlens.estimate.versions import older_than, rule_note
 from vramlens.model.modules import layer_linears
 from vramlens.report.model import Term
 from vramlens.units import format_bytes
-from vramlens.workload.options import Framework, LossImpl, Method, Offload, PipelineSchedule, Quant, Recompute, Shard
+from vramlens.workload.options import Framework, Method, Offload, PipelineSchedule, Quant, Recompute, Shard
 
 __all__ = ["StageMemory", "fp32_model_outputs", "stage_memory"]
 
@@ -345,8 +345,7 @@ def fp32_model_outputs(ctx: TrainingContext) -> bool:
 
 
 def _loss_chunks(ctx: TrainingContext) -> float:
-    """Tokens over the tokens of the largest loss chunk: a chunk count, or for chunks of a
-    fixed length (LitGPT) the sequence over the longest chunk, min(seq, positions)."""
+    """Tokens over those of the largest loss chunk (LitGPT's fixed-length chunks: seq / min(seq, positions))."""
     positions = ctx.profile.chunked_loss_positions
     if positions is None:
         return ctx.profile.chunked_loss_chunks
@@ -375,8 +374,7 @@ def stage_memory(ctx: TrainingContext, stage: StageView, targets: frozenset[str]
 
 
 def logits_terms(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str] = frozenset()) -> None:
-    """The last stage's logits and loss (and the LM head's bf16 weight copy after k-bit preparation),
-    with a LoRA adapter on the head when ``targets`` name it (:mod:`vramlens.estimate.lora_head`)."""
+    """The last stage's logits and loss, the LM head's bf16 weight copy after k-bit preparation, a LoRA head."""
     tp = ctx.workload.parallel.tp
     fp32_outputs = fp32_model_outputs(ctx)
     if ctx.profile.name is Framework.HF and older_than(ctx.workload.versions, "loss_upcast"):
@@ -394,11 +392,9 @@ def logits_terms(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str]
         compiled=ctx.compiled_loss,
         softcap=ctx.spec.final_logit_softcap is not None,
     )
-    head = training_lora_head(ctx, targets, chunks=_loss_chunks(ctx) if ctx.loss is LossImpl.CHUNKED else 1.0)
-    if head is not None:
+    if (head := training_lora_head(ctx, targets, loss_chunks=_loss_chunks(ctx))) is not None:
         mem.logits = with_lora_head(mem.logits, head, ctx.tokens)
-        saved = mem.add("LoRA head adapter inputs (saved)", Category.ACTIVATIONS, head.saved * ctx.tokens, head.formula)
-        mem.non_layer += saved
+        mem.non_layer += mem.add("LoRA head input (saved)", Category.ACTIVATIONS, head.saved * ctx.tokens, head.formula)
     mem.add("logits and loss (at the loss)", Category.TEMPORARY, mem.logits.forward_end, mem.logits.formula)
     mem.logits, cast = with_head_weight_cast(ctx, mem.logits)
     mem.add("LM head bf16 weight copy (fp32 head after k-bit preparation)", Category.TEMPORARY, cast, "V x h x 2 B")

@@ -125,7 +125,7 @@ def training_loss_script(ctx: TrainingContext, mem: StageMemory, targets: frozen
         loss_parallel=tp > 1 and ctx.profile.name is Framework.TORCHTITAN,
         softcap=spec.final_logit_softcap is not None,
     )
-    head = training_lora_head(ctx, targets, chunks=1.0)
+    head = training_lora_head(ctx, targets, loss_chunks=chunks)
     return script if head is None else with_head_script(script, head, vocab=spec.vocab_size // tp, tokens=ctx.tokens)
 
 
