@@ -105,8 +105,9 @@ def lora_head(
         forward_peak=forward,
         backward_peak=backward,
         formula=(
-            f"LoRA on the head: saved {kept_input} B input + {cast}r; forward ({a}+{d}+{p})V, "
-            f"backward {branch}V per token{f' (one chunk of {chunks:g} at a time)' if chunks > 1 else ''}, V={vocab}"
+            f"LoRA on the head: saved {saved} B/token (lora_A input {kept_input} B, lora_B input {cast * rank} B); "
+            f"forward ({a}+{d}+{p})V, backward {branch}V per token"
+            f"{f' (one chunk of {chunks:g} at a time)' if chunks > 1 else ''}, V={vocab}"
         ),
         dtypes=(a, d, p),
     )
