@@ -3,12 +3,18 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from conftest import requires_hf
 from vramlens.errors import InputError
 from vramlens.estimate import estimate
 from vramlens.estimate.lora_head import head_adapter_elements, lora_head
+from vramlens.estimate.runtime import CUBLAS_WORKSPACE_BYTES
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 _QV_HEAD = ["q_proj", "v_proj", "lm_head"]
 
@@ -104,3 +110,30 @@ def test_estimate_within_3_percent_of_the_simulation(overrides: dict[str, object
     for sim, est in zip(simulated.phases, estimated.phases, strict=True):
         assert est.allocated_bytes == pytest.approx(sim.allocated_bytes, rel=0.03), sim.name
     assert estimated.reserved_bytes == pytest.approx(simulated.reserved_bytes, rel=0.03)
+
+
+@requires_hf
+@pytest.mark.hf
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_the_head_adapter_matches_a_tracked_peft_run(precision: str) -> None:
+    """A tiny Llama trained with and without the head adapter (tests/estimate/hf_step.py): each
+    phase within 3% with it, and what the adapter adds equal to the estimate's increase (adapter,
+    gradients and state; the kept lora_A input; in bf16 the branch beside the logits). In fp32 the
+    forward's increase is left out: the final hidden state is alive at the loss with or without
+    the adapter (the CausalLM forward holds it), which the estimate of the run without it omits."""
+    from hf_step import Step, measure_phases
+
+    runs = {}
+    for targets in (("q_proj", "v_proj", "lm_head"), ("q_proj", "v_proj")):
+        step = Step(method="lora", targets=targets, precision=precision, batch=2, seq=64)
+        report = estimate(step.workload())
+        estimated = {phase.name: phase.allocated_bytes - CUBLAS_WORKSPACE_BYTES for phase in report.phases}
+        runs[targets] = (measure_phases(step), estimated)
+    (measured, estimated), (measured_without, estimated_without) = runs.values()
+    for phase, value in measured.items():
+        assert estimated[phase] == pytest.approx(value, rel=0.03), phase
+        if precision == "fp32" and phase == "forward":
+            continue
+        added = measured[phase] - measured_without[phase]
+        assert estimated[phase] - estimated_without[phase] == pytest.approx(added, rel=0.001), phase

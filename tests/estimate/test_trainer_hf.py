@@ -27,7 +27,7 @@ pytestmark = [requires_hf, pytest.mark.hf, pytest.mark.slow]
 
 _RUNS = {
     "full fine-tune, gradient checkpointing": {"gradient_checkpointing": True},
-    "PEFT LoRA q,v + lm_head": {"method": "lora", "targets": ("q_proj", "v_proj", "lm_head")},
+    "PEFT LoRA q,v + lm_head": {"method": "lora", "targets": ("q_proj", "v_proj", "lm_head"), "batch": 2, "seq": 64},
 }
 
 

@@ -37,13 +37,6 @@ _CASES = {
     # fp32 adapters on fp32 inputs: lora_A keeps the norm's output itself (no cast copy).
     "LoRA q,v, fp32": ({"method": "lora", "targets": ("q_proj", "v_proj"), "precision": "fp32"}, 0.03),
     "LoRA + autocast": ({"method": "lora", "precision": "mixed-bf16"}, 0.03),
-    # The head's adapter: a bf16 head with fp32 adapters (a cast copy of the final hidden state is
-    # kept, the branch peaks beside the base logits), and fp32 (the hidden state itself is kept).
-    "LoRA q,v + lm_head": ({"method": "lora", "targets": ("q_proj", "v_proj", "lm_head")}, 0.03),
-    "LoRA q,v + lm_head, fp32": (
-        {"method": "lora", "targets": ("q_proj", "v_proj", "lm_head"), "precision": "fp32"},
-        0.03,
-    ),
     "LoRA + full recompute, long sequence": ({"method": "lora", "recompute": True, "batch": 8, "seq": 512}, 0.03),
 }
 
