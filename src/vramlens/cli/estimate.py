@@ -56,7 +56,7 @@ FLAGS: dict[str, tuple[str, str]] = {
     "lora-rank": ("lora.rank", "LoRA rank r"),
     "lora-alpha": ("lora.alpha", "LoRA alpha"),
     "lora-dropout": ("lora.dropout", "LoRA dropout"),
-    "lora-targets": ("lora.targets", "all-linear, or comma-separated module names (q_proj,v_proj)"),
+    "lora-targets": ("lora.targets", "all-linear, or comma-separated module names (q_proj,v_proj,lm_head)"),
     "modules-to-save": ("lora.modules_to_save", "comma-separated modules trained in full (embed_tokens,lm_head)"),
     "gpus": ("parallel.gpus", "total GPUs"),
     "shard": ("parallel.shard", "none | ddp | zero1 | zero2 | zero3 | fsdp | hsdp"),

@@ -17,6 +17,7 @@ from vramlens.estimate.frameworks import MixedStyle
 from vramlens.estimate.fsdp import Unsharded, casts_outputs, fsdp_memory
 from vramlens.estimate.layout import EMBED_NAMES, StageView, effective_quant, micro_batches_in_flight
 from vramlens.estimate.logits import LogitsMemory, logits_memory
+from vramlens.estimate.lora_head import training_lora_head, with_lora_head
 from vramlens.estimate.offload import gradient_buffers
 from vramlens.estimate.optimizers import OptimizerModel, optimizer_model
 from vramlens.estimate.qlora import dequantized_bytes, with_head_weight_cast
@@ -339,8 +340,7 @@ def fp32_model_outputs(ctx: TrainingContext) -> bool:
 
 
 def _loss_chunks(ctx: TrainingContext) -> float:
-    """Tokens over the tokens of the largest loss chunk: a chunk count, or for chunks of a
-    fixed length (LitGPT) the sequence over the longest chunk, min(seq, positions)."""
+    """Tokens over those of the largest loss chunk (LitGPT's fixed-length chunks: seq / min(seq, positions))."""
     positions = ctx.profile.chunked_loss_positions
     if positions is None:
         return ctx.profile.chunked_loss_chunks
@@ -362,14 +362,14 @@ def stage_memory(ctx: TrainingContext, stage: StageView, targets: frozenset[str]
         )
     _activations(ctx, mem, acts)
     if stage.last:
-        logits_terms(ctx, mem)
+        logits_terms(ctx, mem, targets)
     _transients(ctx, mem, targets)
     _optimizer_temporaries(ctx, mem)
     return mem
 
 
-def logits_terms(ctx: TrainingContext, mem: StageMemory) -> None:
-    """The last stage's logits and loss (and the LM head's bf16 weight copy after k-bit preparation)."""
+def logits_terms(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str] = frozenset()) -> None:
+    """The last stage's logits and loss, the LM head's bf16 weight copy after k-bit preparation, a LoRA head."""
     tp = ctx.workload.parallel.tp
     fp32_outputs = fp32_model_outputs(ctx)
     if ctx.profile.name in (Framework.HF, Framework.PLAIN) and older_than(ctx.workload.versions, "loss_upcast"):
@@ -387,6 +387,9 @@ def logits_terms(ctx: TrainingContext, mem: StageMemory) -> None:
         compiled=ctx.compiled_loss,
         softcap=ctx.spec.final_logit_softcap is not None,
     )
+    if (head := training_lora_head(ctx, targets, loss_chunks=_loss_chunks(ctx))) is not None:
+        mem.logits = with_lora_head(mem.logits, head, ctx.tokens)
+        mem.non_layer += mem.add("LoRA head input (saved)", Category.ACTIVATIONS, head.saved * ctx.tokens, head.formula)
     mem.add("logits and loss (at the loss)", Category.TEMPORARY, mem.logits.forward_end, mem.logits.formula)
     mem.logits, cast = with_head_weight_cast(ctx, mem.logits)
     mem.add("LM head bf16 weight copy (fp32 head after k-bit preparation)", Category.TEMPORARY, cast, "V x h x 2 B")

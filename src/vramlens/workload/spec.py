@@ -65,7 +65,8 @@ class LoraConfig:
     dropout: float = 0.0
     """Dropout on the adapter input; > 0 keeps a dropout mask and a dropped copy of the input."""
     targets: str | tuple[str, ...] = ALL_LINEAR
-    """``all-linear`` or module names (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, ...)."""
+    """``all-linear`` or module names (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, ...,
+    and ``lm_head`` for the output projection, which ``all-linear`` leaves out as PEFT does)."""
     modules_to_save: tuple[str, ...] = ()
     """Modules trained in full beside the adapters (embed_tokens, lm_head)."""
 

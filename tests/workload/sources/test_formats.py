@@ -93,11 +93,16 @@ def test_torchtune_qlora_distributed_offload() -> None:
     })  # fmt: skip
     w = load_workload(source.keys)
     assert w.model == "qwen2.5-7b"
-    assert (w.method.value, w.quant.value, w.lora.targets, w.lora.rank) == ("qlora", "nf4-dq", ("q_proj",), 16)
+    assert (w.method.value, w.quant.value, w.lora.targets, w.lora.rank) == (
+        "qlora",
+        "nf4-dq",
+        ("q_proj", "lm_head"),
+        16,
+    )
     assert (w.parallel.shard.value, w.parallel.offload.value) == ("fsdp", "optimizer+params")
     assert (w.recompute.value, w.optimizer_in_backward, w.compile, w.loss.value) == ("offload", True, True, "full")
     assert (w.optimizer_impl.value, w.seq, w.packing) == ("foreach", 4096, True)
-    assert any("apply_lora_to_output" in item for item in source.unmodelled)
+    assert "apply_lora_to_output: q_proj + output -> lora.targets q_proj,lm_head" in "\n".join(source.assumptions())
 
 
 def test_torchtune_unknown_builder_needs_model_and_says_so() -> None:
@@ -122,6 +127,8 @@ def test_litgpt_precision_strings(text: str, expected: str) -> None:
 def test_litgpt_qlora_and_fsdp() -> None:
     q = _keys(_yaml({"checkpoint_dir": "checkpoints/a/b", "quantize": "bnb.nf4-dq", "lora_r": 8, "lora_query": True}))
     assert (q.method.value, q.quant.value, q.lora.targets) == ("qlora", "nf4-dq", ("q_proj",))
+    head = _keys(_yaml({"checkpoint_dir": "checkpoints/a/b", "lora_r": 8, "lora_value": True, "lora_head": True}))
+    assert head.lora.targets == ("v_proj", "lm_head")
     full = _yaml({"checkpoint_dir": "checkpoints/meta-llama/Llama-3.1-8B", "devices": 4,
                   "train": {"micro_batch_size": 2, "global_batch_size": 64}})  # fmt: skip
     w = load_workload(full.keys)

@@ -34,7 +34,7 @@ PRECISIONS: Final = {
 _QUANTIZE: Final = {"bnb.nf4": "nf4", "bnb.nf4-dq": "nf4-dq", "bnb.int8": "int8", "bnb.int8-training": "int8"}
 _LORA_FLAGS: Final = {
     "lora_query": ("q_proj",), "lora_key": ("k_proj",), "lora_value": ("v_proj",), "lora_projection": ("o_proj",),
-    "lora_mlp": ("gate_proj", "up_proj", "down_proj"),
+    "lora_mlp": ("gate_proj", "up_proj", "down_proj"), "lora_head": ("lm_head",),
 }  # fmt: skip
 _OPTIMIZERS: Final = {
     "adamw": "adamw", "torch.optim.adamw": "adamw", "adam": "adamw", "torch.optim.adam": "adamw", "sgd": "sgd",
@@ -43,7 +43,7 @@ _OPTIMIZERS: Final = {
 }  # fmt: skip
 _USED: Final = frozenset({
     "checkpoint_dir", "precision", "quantize", "devices", "num_nodes", "train", "optimizer", "lora_r", "lora_alpha",
-    "lora_dropout", "lora_head", *_LORA_FLAGS,
+    "lora_dropout", *_LORA_FLAGS,
 })  # fmt: skip
 _IGNORED: Final = frozenset(
     {"out_dir", "data", "eval", "logger_name", "access_token", "initial_checkpoint_dir", "model_name"}
@@ -117,16 +117,15 @@ def _lora(out: MappingBuilder, data: Mapping[str, Any]) -> None:
     targets = [name for flag, names in _LORA_FLAGS.items() if truthy(data.get(flag)) for name in names]
     if not targets:
         raise out.fail(
-            "lora_query", "no LoRA target is on (lora_query, lora_key, lora_value, lora_projection, lora_mlp)"
+            "lora_query",
+            "no LoRA target is on (lora_query, lora_key, lora_value, lora_projection, lora_mlp, lora_head)",
         )
     out.set(
         "lora.targets",
         targets,
-        "lora_query/key/value/projection/mlp",
+        "lora_query/key/value/projection/mlp/head",
         shown=",".join(f for f in _LORA_FLAGS if truthy(data.get(f))),
     )
-    if truthy(data.get("lora_head")):
-        out.not_modelled("lora_head", True, "LoRA on the output head: its adapter is not counted")
 
 
 def _devices(out: MappingBuilder, data: Mapping[str, Any]) -> int:

@@ -137,13 +137,12 @@ def _lora(out: MappingBuilder, model: Mapping[str, Any]) -> None:
         targets.append(_ATTN_MODULES[str(module)])
     if truthy(model.get("apply_lora_to_mlp")):
         targets.extend(_MLP_MODULES)
+    if truthy(model.get("apply_lora_to_output")):  # the output projection: lm_head (a LoRA head)
+        targets.append("lm_head")
     if targets:
-        out.set("lora.targets", targets, "model.lora_attn_modules/apply_lora_to_mlp",
-                shown=",".join(str(m) for m in model.get("lora_attn_modules") or []) + (" + mlp" if truthy(model.get("apply_lora_to_mlp")) else ""))  # fmt: skip
-    if truthy(model.get("apply_lora_to_output")):
-        out.not_modelled(
-            "model.apply_lora_to_output", True, "LoRA on the output projection: its adapter is not counted"
-        )
+        extras = [flag for flag in ("mlp", "output") if truthy(model.get(f"apply_lora_to_{flag}"))]
+        out.set("lora.targets", targets, "model.lora_attn_modules/apply_lora_to_mlp/apply_lora_to_output",
+                shown=" + ".join([",".join(str(m) for m in model.get("lora_attn_modules") or []), *extras]))  # fmt: skip
     for source, target in (("lora_rank", "lora.rank"), ("lora_alpha", "lora.alpha"), ("lora_dropout", "lora.dropout")):
         if model.get(source) is not None:
             out.set(target, model[source], f"model.{source}")
