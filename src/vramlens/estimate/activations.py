@@ -22,8 +22,10 @@ per-family numbers are checked against autograd's saved tensors on CPU in
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from vramlens.errors import InputError
 from vramlens.estimate.moe_parts import moe_parts
 from vramlens.estimate.saved_parts import (
     FP32,
@@ -42,10 +44,10 @@ from vramlens.estimate.saved_parts import (
     plain_saved,
 )
 from vramlens.estimate.styles import NormStyle
-from vramlens.model.spec import MlpKind, ModelSpec, QKNorm
+from vramlens.model.spec import FfnKind, LayerKind, MixerKind, MlpKind, ModelSpec, QKNorm
 from vramlens.workload.options import AttentionImpl
 
-__all__ = ["LayerRecipe", "Part", "TrainState", "layer_saved_parts", "norm_saved"]
+__all__ = ["LayerRecipe", "Part", "TrainState", "layer_saved_parts", "norm_saved", "register_mixer_saved"]
 
 
 def _qk_norm_parts(recipe: LayerRecipe, q: int, kv: int) -> list[Part]:
@@ -199,25 +201,50 @@ def _mlp_parts(recipe: LayerRecipe, input_bytes: int) -> list[Part]:
     return parts
 
 
-def layer_saved_parts(recipe: LayerRecipe, *, moe_layer: bool, sliding: bool = False) -> list[Part]:
-    """Every tensor one decoder layer keeps for backward, in bytes per token."""
+#: What one layer's token mixer keeps for backward: ``(recipe, input_bytes, sliding) -> parts``,
+#: ``input_bytes`` being the bytes per element of the (normed) tensor the mixer reads.
+MixerSaved = Callable[[LayerRecipe, int, bool], list[Part]]
+
+_MIXER_SAVED: dict[MixerKind, MixerSaved] = {
+    MixerKind.ATTENTION: lambda recipe, input_bytes, sliding: _attention_parts(recipe, input_bytes, sliding=sliding),
+}
+
+
+def register_mixer_saved(kind: MixerKind, saved: MixerSaved) -> None:
+    """Register what a token mixer keeps for backward (a new mixer is an entry, not an ``elif``)."""
+    _MIXER_SAVED[kind] = saved
+
+
+def _mixer_half(recipe: LayerRecipe, kind: LayerKind, residual: int, norm_out: int) -> tuple[list[Part], int]:
+    """The token-mixing half of a layer (pre-norm, mixer, post-norm) and the bytes of the tensor
+    it read (what a parallel MLP reads too). A layer without a mixer has no such half."""
+    if kind.mixer is MixerKind.NONE:
+        return [], residual
+    saved = _MIXER_SAVED.get(kind.mixer)
+    if saved is None:
+        raise InputError(
+            f"model: {recipe.spec.name} has {kind.mixer.value} layers, whose saved activations vramlens does not model"
+        )
+    parts: list[Part] = []
+    h = recipe.spec.hidden_size
+    if recipe.style.pre_attn_norm:
+        parts += norm_saved(recipe, h, input_bytes=residual, name="input norm")
+        mixer_input = norm_out
+    else:
+        mixer_input = residual
+    parts += saved(recipe, mixer_input, kind.sliding)
+    if recipe.style.post_attn_norm:
+        parts += norm_saved(recipe, h, input_bytes=recipe.compute_bytes, name="post-attention norm")
+    return parts, mixer_input
+
+
+def _ffn_half(recipe: LayerRecipe, kind: LayerKind, residual: int, norm_out: int, attn_input: int) -> list[Part]:
+    """The feed-forward half of a layer (pre-norm, MLP or MoE, post-norm); none without an FFN."""
+    if kind.ffn is FfnKind.NONE:
+        return []
     spec, style = recipe.spec, recipe.style
-    residual = FP32 if recipe.autocast else recipe.compute_bytes
     h = spec.hidden_size
     parts: list[Part] = []
-    # Under autocast the residual stream is fp32 and every RMSNorm returns fp32: Llama's
-    # multiplies its cast-back output by the fp32 weight, Gemma's returns ``output.type_as(x)``.
-    norm_out = FP32 if recipe.autocast else recipe.compute_bytes
-    if style.norm == NormStyle.LAYERNORM:
-        norm_out = recipe.compute_bytes if not recipe.autocast else FP32
-    if style.pre_attn_norm:
-        parts += norm_saved(recipe, h, input_bytes=residual, name="input norm")
-        attn_input = norm_out
-    else:
-        attn_input = residual
-    parts += _attention_parts(recipe, attn_input, sliding=sliding)
-    if style.post_attn_norm:
-        parts += norm_saved(recipe, h, input_bytes=recipe.compute_bytes, name="post-attention norm")
     shared_input = False
     if spec.parallel_residual:
         mlp_input = attn_input
@@ -233,10 +260,29 @@ def layer_saved_parts(recipe: LayerRecipe, *, moe_layer: bool, sliding: bool = F
         mlp_input = norm_out
     else:
         mlp_input = residual
-    ffn = moe_parts(recipe, mlp_input) if moe_layer else _mlp_parts(recipe, mlp_input)
+    ffn = moe_parts(recipe, mlp_input) if kind.ffn is FfnKind.MOE else _mlp_parts(recipe, mlp_input)
     parts += [p for p in ffn if not (shared_input and p.name == MLP_INPUT)]
     if style.post_mlp_norm:
         parts += norm_saved(recipe, h, input_bytes=recipe.compute_bytes, name="post-MLP norm")
+    return parts
+
+
+def layer_saved_parts(
+    recipe: LayerRecipe, kind: LayerKind | None = None, *, moe_layer: bool = False, sliding: bool = False
+) -> list[Part]:
+    """Every tensor one decoder layer of ``kind`` keeps for backward, in bytes per token
+    (default: an attention layer, MoE when ``moe_layer``, with a biting window when ``sliding``)."""
+    if kind is None:
+        kind = LayerKind(ffn=FfnKind.MOE if moe_layer else FfnKind.DENSE, sliding=sliding)
+    spec, style = recipe.spec, recipe.style
+    residual = FP32 if recipe.autocast else recipe.compute_bytes
+    # Under autocast the residual stream is fp32 and every RMSNorm returns fp32: Llama's
+    # multiplies its cast-back output by the fp32 weight, Gemma's returns ``output.type_as(x)``.
+    norm_out = FP32 if recipe.autocast else recipe.compute_bytes
+    if style.norm == NormStyle.LAYERNORM:
+        norm_out = recipe.compute_bytes if not recipe.autocast else FP32
+    parts, attn_input = _mixer_half(recipe, kind, residual, norm_out)
+    parts += _ffn_half(recipe, kind, residual, norm_out, attn_input)
     if spec.hidden_dropout > 0:
-        parts.append(Part(name="residual dropout masks", bytes_per_token=2 * MASK * h, split=SEQUENCE))
+        parts.append(Part(name="residual dropout masks", bytes_per_token=2 * MASK * spec.hidden_size, split=SEQUENCE))
     return parts

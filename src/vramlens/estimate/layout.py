@@ -17,8 +17,9 @@ from vramlens.estimate._memo import memo
 from vramlens.estimate.context import TrainingContext
 from vramlens.estimate.qlora import BNB_4BIT_QUANTS, kbit_prepared, unquantized_bytes
 from vramlens.estimate.weight_format import format_for_quant
-from vramlens.model.modules import LinearShape, all_layer_linears, layer_linears
-from vramlens.model.params import attention_parameters, mlp_parameters, moe_parameters, norm_parameters
+from vramlens.model.modules import LinearShape, all_layer_linears, layer_kinds, layer_linears
+from vramlens.model.params import ffn_parameters, mixer_parameters, norm_parameters
+from vramlens.model.spec import FfnKind, LayerKind
 from vramlens.workload.options import Method, Quant
 from vramlens.workload.spec import ALL_LINEAR
 
@@ -120,21 +121,25 @@ def effective_quant(ctx: TrainingContext) -> Quant:
     return ctx.workload.quant
 
 
-def _layer_weights(ctx: TrainingContext, moe_layer: bool, targets: frozenset[str]) -> tuple[float, int, int, int, int]:
+def _ffn_elements(ctx: TrainingContext, kind: LayerKind) -> int:
+    """One layer's FFN elements on this rank: routed experts split ``ep x tp`` ways, the router replicated."""
+    tp, ep = ctx.workload.parallel.tp, ctx.workload.parallel.ep
+    counts = ffn_parameters(ctx.spec, kind.ffn)
+    if kind.ffn is FfnKind.MOE:
+        return counts["moe_experts"] // (ep * tp) + counts["moe_shared"] // tp + counts["moe_router"]
+    return sum(counts.values()) // tp
+
+
+def _layer_weights(ctx: TrainingContext, kind: LayerKind, targets: frozenset[str]) -> tuple[float, int, int, int, int]:
     """(frozen bytes, trainable elements, adapter elements, layer elements, largest linear) of one layer."""
     spec, tp, ep = ctx.spec, ctx.workload.parallel.tp, ctx.workload.parallel.ep
     h = spec.hidden_size
-    attn = attention_parameters(spec.attention, h) // tp
-    if moe_layer and spec.moe is not None:
-        routed, shared, router = moe_parameters(spec.moe, h)
-        ffn = routed // (ep * tp) + shared // tp + router
-    else:
-        assert spec.mlp is not None
-        ffn = mlp_parameters(spec.mlp, h) // tp
+    mixer = sum(mixer_parameters(spec, kind.mixer).values()) // tp
     norms = spec.norms_per_layer * norm_parameters(spec.norm, h)
-    elements = attn + ffn + norms
-    shapes = layer_linears(spec, moe_layer=moe_layer)
-    largest = max(s.in_features * s.out_features // tp for s in shapes)
+    elements = mixer + _ffn_elements(ctx, kind) + norms
+    shapes = layer_linears(spec, kind)
+    largest = max((s.in_features * s.out_features // tp for s in shapes), default=0)
+    moe_layer = kind.ffn is FfnKind.MOE
     if ctx.full:
         return 0.0, elements, 0, elements, largest
     quant = effective_quant(ctx)
@@ -226,10 +231,15 @@ def _stage(
     trainable = adapters = 0
     layer_elements = largest = 0
     moe_layers = sum(1 for index in layer_range if ctx.spec.layers[index].moe)
-    for moe, count in ((False, len(layer_range) - moe_layers), (True, moe_layers)):
+    kinds: dict[LayerKind, int] = {}
+    for index in layer_range:
+        kind = ctx.spec.layers[index].kind
+        kinds[kind] = kinds.get(kind, 0) + 1
+    for kind in layer_kinds(ctx.spec):  # dense before MoE: a fixed order of the float sums
+        count = kinds.get(kind, 0)
         if not count:
             continue
-        f, t, a, elements, big = _layer_weights(ctx, moe, targets)
+        f, t, a, elements, big = _layer_weights(ctx, kind, targets)
         frozen, trainable, adapters = frozen + count * f, trainable + count * t, adapters + count * a
         layer_elements, largest = max(layer_elements, elements), max(largest, big)
     edges = _edge_elements(ctx, first=first, last=last)
@@ -303,7 +313,7 @@ def _param_layout(ctx: TrainingContext) -> ParamLayout:
         )
     adapters = sum(
         ctx.workload.lora.rank * (s.in_features + s.out_features)
-        for s in layer_linears(ctx.spec, moe_layer=ctx.spec.layers[0].moe)
+        for s in layer_linears(ctx.spec, ctx.spec.layers[0].kind)
         if s.name in targets
     )
     return ParamLayout(stages=stages, adapters_per_layer=adapters, targets=targets)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from vramlens.errors import InputError
 from vramlens.estimate._memo import memo
 from vramlens.estimate.activations import layer_saved_parts
 from vramlens.estimate.context import TrainingContext
@@ -17,6 +18,7 @@ from vramlens.estimate.qlora import adapter_inputs_shared, base_output_bytes, kb
 from vramlens.estimate.saved_parts import GATHERED, HEADS, SEQUENCE, LayerRecipe, Part, TrainState
 from vramlens.estimate.styles import hf_style
 from vramlens.model.modules import all_layer_linears
+from vramlens.model.spec import FfnKind, LayerKind, MixerKind
 from vramlens.workload.options import AttentionImpl, Framework, Method, Recompute
 
 __all__ = ["LayerActivations", "layer_activations", "train_state"]
@@ -80,27 +82,34 @@ def _per_token(parts: list[Part], tp: int, sequence_parallel: bool) -> float:
     return sum(p.bytes_per_token / divisor[p.split] for p in parts)
 
 
-def _selective_titan(recipe: LayerRecipe, moe_layer: bool) -> float:
+def _selective_titan(recipe: LayerRecipe, kind: LayerKind) -> float:
     """torchtitan op-level SAC: keeps the layer input, every other matmul output and the SDPA outputs."""
+    if kind.mixer is not MixerKind.ATTENTION:  # the op-level policy is torchtitan's for its attention models
+        raise InputError(
+            f"framework: torchtitan's selective recompute is modelled for attention layers; {recipe.spec.name} has "
+            f"{kind.mixer.value} layers (use framework hf or recompute full)"
+        )
     spec, a = recipe.spec, recipe.compute_bytes
     q = spec.num_heads * spec.head_dim
     kv = spec.num_kv_heads * spec.head_dim
     inner = (
         spec.moe.expert_intermediate_size * spec.moe.experts_per_token
-        if (moe_layer and spec.moe)
+        if (kind.ffn is FfnKind.MOE and spec.moe)
         else (spec.mlp.intermediate_size if spec.mlp else 0)
     )
     return a * (2 * spec.hidden_size + 2 * q + kv + inner) + 4 * spec.num_heads
 
 
-def _kinds(ctx: TrainingContext, layer_range: range) -> dict[tuple[bool, bool], int]:
-    """Count this rank's layers by (MoE, sliding-window)."""
-    counts: dict[tuple[bool, bool], int] = {}
+def _kinds(ctx: TrainingContext, layer_range: range) -> dict[LayerKind, int]:
+    """Count this rank's layers by kind (mixer, FFN, and whether a sliding window bites)."""
+    counts: dict[LayerKind, int] = {}
     for index in layer_range:
         layer = ctx.spec.layers[index]
         # A window at least as long as the sequence is plain causal attention: transformers
         # then passes no mask to SDPA (``_ignore_causal_mask_sdpa``).
-        key = (layer.moe, layer.window is not None and layer.window < ctx.workload.seq)
+        key = LayerKind(
+            mixer=layer.mixer, ffn=layer.ffn, sliding=layer.window is not None and layer.window < ctx.workload.seq
+        )
         counts[key] = counts.get(key, 0) + 1
     return counts
 
@@ -147,7 +156,7 @@ def _layer_activations(
     sp = tp > 1
     kinds = _kinds(ctx, layer_range)
     layers = len(layer_range)
-    full = {key: _per_token(layer_saved_parts(recipe, moe_layer=key[0], sliding=key[1]), tp, sp) for key in kinds}
+    full = {key: _per_token(layer_saved_parts(recipe, key), tp, sp) for key in kinds}
     total_full = sum(full[key] * count for key, count in kinds.items())
     largest = max(full.values()) if full else 0.0
     policy = ctx.workload.recompute
@@ -165,30 +174,33 @@ def _layer_activations(
             "recompute offload: checkpointed layer inputs live in CPU memory; two layers' inputs in flight on the GPU"
         )
     elif ctx.profile.name is Framework.TORCHTITAN:
-        saved = sum(_selective_titan(recipe, key[0]) / tp * count for key, count in kinds.items())
+        saved = sum(_selective_titan(recipe, key) / tp * count for key, count in kinds.items())
         transient = largest
     else:
         flash = replace(recipe, attention=AttentionImpl.FLASH)
-        kept = {key: _per_token(layer_saved_parts(flash, moe_layer=key[0], sliding=key[1]), tp, sp) for key in kinds}
+        kept = {key: _per_token(layer_saved_parts(flash, key), tp, sp) for key in kinds}
         saved = sum(kept[key] * count for key, count in kinds.items())
         # What one layer re-creates in backward: its attention internals beyond what is kept.
         transient = max((max(0.0, full[key] - kept[key]) for key in kinds), default=0.0)
         notes.append("recompute selective: the attention core is recomputed; projections and MLP outputs are kept")
-    example = max(kinds, key=lambda key: full[key]) if kinds else (False, False)
-    parts = tuple(layer_saved_parts(recipe, moe_layer=example[0], sliding=example[1]))
+    example = max(kinds, key=lambda key: full[key]) if kinds else LayerKind()
+    parts = tuple(layer_saved_parts(recipe, example))
     masks = _mask_bytes(ctx, recipe, kinds)
     return LayerActivations(
         saved_per_token=saved + masks, transient_per_token=transient, full_layer_parts=parts, notes=tuple(notes)
     )
 
 
-def _mask_bytes(ctx: TrainingContext, recipe: LayerRecipe, kinds: dict[tuple[bool, bool], int]) -> float:
-    """Materialized 4-D attention masks ([batch, 1, seq, seq], one per mask kind, shared by all layers):
-    eager attention always builds them; SDPA only for sliding-window layers; flash attention
-    (flash_attention_2, which applies the window itself) never."""
-    sliding = any(key[1] for key in kinds)
+def _mask_bytes(ctx: TrainingContext, recipe: LayerRecipe, kinds: dict[LayerKind, int]) -> float:
+    """Materialized 4-D attention masks ([batch, 1, seq, seq], one per mask kind, shared by the attention
+    layers, which keep them for backward): eager attention always builds them; SDPA only for
+    sliding-window layers; flash attention (flash_attention_2, which applies the window itself) never."""
+    attending = [key for key in kinds if key.attends]
+    if not attending:
+        return 0.0
+    sliding = any(key.sliding for key in attending)
     if recipe.attention is AttentionImpl.EAGER:
-        count = 2 if sliding and len({key[1] for key in kinds}) > 1 else 1
+        count = 2 if sliding and len({key.sliding for key in attending}) > 1 else 1
     else:
         count = 1 if sliding and recipe.attention is not AttentionImpl.FLASH else 0
     return count * recipe.compute_bytes * recipe.seq

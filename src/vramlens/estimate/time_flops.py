@@ -68,13 +68,13 @@ def _attended_keys(seq: int, window: int | None) -> float:
 
 
 def attention_core_flops(spec: ModelSpec, seq: int) -> float:
-    """Forward FLOPs of ``QK^T`` and ``PV`` per token, summed over layers."""
+    """Forward FLOPs of ``QK^T`` and ``PV`` per token, summed over the layers that attend."""
     att = spec.attention
     if att.mla is not None:
         width = att.num_heads * (att.mla.qk_head_dim + att.mla.v_head_dim)
     else:
         width = att.num_heads * 2 * att.head_dim
-    return sum(2.0 * width * _attended_keys(seq, layer.window) for layer in spec.layers)
+    return sum(2.0 * width * _attended_keys(seq, layer.window) for layer in spec.layers if layer.attends)
 
 
 def _linear_shapes(spec: ModelSpec) -> dict[str, tuple[int, int, int]]:

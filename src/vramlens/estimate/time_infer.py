@@ -56,7 +56,7 @@ def _kv_bytes_per_token(spec: ModelSpec, workload: Workload, context: float) -> 
     element = 1 if workload.kv_dtype is KvDtype.FP8 else wide
     att = spec.attention
     per_token = (att.mla.kv_lora_rank + att.mla.qk_rope_head_dim) if att.mla else 2 * att.num_kv_heads * att.head_dim
-    held = sum(min(context, layer.window) if layer.window else context for layer in spec.layers)
+    held = sum(min(context, layer.window) if layer.window else context for layer in spec.layers if layer.attends)
     return per_token * element * held
 
 

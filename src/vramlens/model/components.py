@@ -20,8 +20,10 @@ from vramlens._compat import StrEnum
 from vramlens.errors import ConfigError
 
 __all__ = [
+    "ATTENDING_MIXERS",
     "AttentionSpec",
     "FfnKind",
+    "LayerKind",
     "LayerSpec",
     "MlaSpec",
     "MlpKind",
@@ -82,6 +84,10 @@ class MixerKind(StrEnum):
     """A selective state-space mixer (Mamba 1/2): convolution and SSM states per sequence."""
     NONE = "none"
     """No token mixer: the layer is only a feed-forward block (Nemotron-H's MLP/MoE blocks)."""
+
+
+#: Mixers that include softmax attention (and so a KV cache, masks and an attention kernel).
+ATTENDING_MIXERS = frozenset({MixerKind.ATTENTION})
 
 
 class FfnKind(StrEnum):
@@ -252,6 +258,30 @@ class MoeSpec:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class LayerKind:
+    """What decides a decoder layer's parameters and activations: its token mixer, its feed-forward
+    block, and (for the estimator) whether its attention window is shorter than the sequence.
+
+    Estimator terms are registries keyed by the mixer and the FFN kind; a kind without an entry
+    is refused in one line, never counted as another kind."""
+
+    mixer: MixerKind = MixerKind.ATTENTION
+    ffn: FfnKind = FfnKind.DENSE
+    sliding: bool = False
+    """A sliding window (or chunk) shorter than the sequence bites (attention layers only)."""
+
+    @property
+    def attends(self) -> bool:
+        """The mixer includes softmax attention."""
+        return self.mixer in ATTENDING_MIXERS
+
+    @property
+    def label(self) -> str:
+        """A short name for messages: ``attention+moe``, ``mamba+dense (sliding)``."""
+        return f"{self.mixer.value}+{self.ffn.value}" + (" (sliding)" if self.sliding else "")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class LayerSpec:
     """What varies from one decoder layer to the next."""
 
@@ -270,7 +300,7 @@ class LayerSpec:
         _require(self.window is None or self.window > 0, "layer.window: must be a positive integer or null")
         _require(self.chunk is None or self.chunk > 0, "layer.chunk: must be a positive integer or null")
         _require(
-            self.mixer is MixerKind.ATTENTION or (self.window is None and self.chunk is None),
+            self.mixer in ATTENDING_MIXERS or (self.window is None and self.chunk is None),
             "layer.window: only attention layers have a window or chunk",
         )
 
@@ -278,6 +308,16 @@ class LayerSpec:
     def moe(self) -> bool:
         """True when this layer's FFN is the MoE block."""
         return self.ffn is FfnKind.MOE
+
+    @property
+    def attends(self) -> bool:
+        """The layer's mixer includes softmax attention (a KV cache per token)."""
+        return self.mixer in ATTENDING_MIXERS
+
+    @property
+    def kind(self) -> LayerKind:
+        """The layer's mixer and FFN kind (the window is left to the estimator, which knows the sequence)."""
+        return LayerKind(mixer=self.mixer, ffn=self.ffn)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

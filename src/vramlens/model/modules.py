@@ -17,11 +17,13 @@ Groups say which linears read the same input tensor:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from vramlens.model.spec import MlpKind, ModelSpec
+from vramlens.errors import ConfigError
+from vramlens.model.spec import FfnKind, LayerKind, MixerKind, MlpKind, ModelSpec
 
-__all__ = ["LinearShape", "all_layer_linears", "layer_linears"]
+__all__ = ["LinearShape", "all_layer_linears", "layer_kinds", "layer_linears", "register_mixer_linears"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -124,36 +126,73 @@ def _mlp_linears(spec: ModelSpec, inner: int, *, prefix: str = "") -> list[Linea
     ]
 
 
-def layer_linears(spec: ModelSpec, *, moe_layer: bool = False) -> tuple[LinearShape, ...]:
-    """The ``nn.Linear`` modules of one decoder layer (dense or MoE), cached per spec.
+def _dense_linears(spec: ModelSpec) -> list[LinearShape]:
+    assert spec.mlp is not None
+    return _mlp_linears(spec, spec.mlp.intermediate_size)
+
+
+def _moe_linears(spec: ModelSpec) -> list[LinearShape]:
+    if spec.moe is not None and spec.moe.shared_intermediate_size:
+        prefix = "shared_expert." if spec.moe.shared_expert_gate else "shared_experts."
+        return _mlp_linears(spec, spec.moe.shared_intermediate_size, prefix=prefix)
+    return []
+
+
+MixerLinears = Callable[[ModelSpec], list[LinearShape]]
+
+_MIXER_LINEARS: dict[MixerKind, MixerLinears] = {
+    MixerKind.ATTENTION: _attention_linears,
+    MixerKind.NONE: lambda spec: [],
+}
+_FFN_LINEARS: dict[FfnKind, MixerLinears] = {
+    FfnKind.DENSE: _dense_linears,
+    FfnKind.MOE: _moe_linears,
+    FfnKind.NONE: lambda spec: [],
+}
+
+
+def register_mixer_linears(kind: MixerKind, linears: MixerLinears) -> None:
+    """Register the linear modules of a token mixer (a new mixer is an entry, not an ``elif``)."""
+    _MIXER_LINEARS[kind] = linears
+
+
+def layer_kinds(spec: ModelSpec) -> tuple[LayerKind, ...]:
+    """The distinct (mixer, FFN) kinds of the model's decoder layers, dense before MoE (cached per spec)."""
+    cache = spec.derived_cache
+    if "layer_kinds" not in cache:
+        kinds = {layer.kind for layer in spec.layers}
+        order = (list(FfnKind), list(MixerKind))
+        cache["layer_kinds"] = tuple(sorted(kinds, key=lambda k: (order[0].index(k.ffn), order[1].index(k.mixer))))
+    return cache["layer_kinds"]  # type: ignore[return-value]
+
+
+def layer_linears(
+    spec: ModelSpec, kind: LayerKind | None = None, *, moe_layer: bool = False
+) -> tuple[LinearShape, ...]:
+    """The ``nn.Linear`` modules of one decoder layer of ``kind`` (default: an attention layer,
+    MoE when ``moe_layer``), cached per spec.
 
     Routed experts are stored as 3-D parameters in transformers 5 (not
     ``nn.Linear``), so they are not listed; MoE layers list their shared expert.
     """
+    if kind is None:
+        kind = LayerKind(ffn=FfnKind.MOE if moe_layer else FfnKind.DENSE)
+    kind = LayerKind(mixer=kind.mixer, ffn=kind.ffn)  # the window does not change the modules
     cache = spec.derived_cache
-    key = ("layer_linears", moe_layer)
+    key = ("layer_linears", kind)
     if key not in cache:
-        cache[key] = _layer_linears(spec, moe_layer)
+        mixer = _MIXER_LINEARS.get(kind.mixer)
+        if mixer is None:
+            raise ConfigError(f"{spec.name}: layers with a {kind.mixer.value} token mixer are not modelled by vramlens")
+        cache[key] = tuple(mixer(spec) + _FFN_LINEARS[kind.ffn](spec))
     return cache[key]  # type: ignore[return-value]
 
 
 def all_layer_linears(spec: ModelSpec) -> tuple[LinearShape, ...]:
-    """The linears of every kind of decoder layer the model has (dense and MoE), each
-    (group, name) once: what LoRA can target and what full fine-tuning trains (cached per spec)."""
+    """The linears of every kind of decoder layer the model has, each (group, name) once:
+    what LoRA can target and what full fine-tuning trains (cached per spec)."""
     cache = spec.derived_cache
     if "all_layer_linears" not in cache:
-        kinds = [moe for moe in (False, True) if (spec.moe is not None if moe else spec.mlp is not None)]
-        unique = {(s.group, s.name): s for moe in kinds for s in layer_linears(spec, moe_layer=moe)}
+        unique = {(s.group, s.name): s for kind in layer_kinds(spec) for s in layer_linears(spec, kind)}
         cache["all_layer_linears"] = tuple(unique.values())
     return cache["all_layer_linears"]  # type: ignore[return-value]
-
-
-def _layer_linears(spec: ModelSpec, moe_layer: bool) -> tuple[LinearShape, ...]:
-    shapes = _attention_linears(spec)
-    if not moe_layer:
-        assert spec.mlp is not None
-        shapes += _mlp_linears(spec, spec.mlp.intermediate_size)
-    elif spec.moe is not None and spec.moe.shared_intermediate_size:
-        prefix = "shared_expert." if spec.moe.shared_expert_gate else "shared_experts."
-        shapes += _mlp_linears(spec, spec.moe.shared_intermediate_size, prefix=prefix)
-    return tuple(shapes)

@@ -11,10 +11,12 @@ bias) are not parameters and are reported separately.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-from vramlens.model.spec import MlpKind, NormKind, NormSpec, PositionKind, QKNorm
+from vramlens.errors import ConfigError
+from vramlens.model.spec import FfnKind, LayerKind, MixerKind, MlpKind, NormKind, NormSpec, PositionKind, QKNorm
 
 if TYPE_CHECKING:
     from vramlens.model.spec import AttentionSpec, MlaSpec, MlpSpec, ModelSpec, MoeSpec
@@ -26,12 +28,16 @@ __all__ = [
     "active_parameters",
     "attention_parameters",
     "expert_parameters",
+    "ffn_parameters",
+    "layer_parameters",
     "linear_parameters",
     "mla_attention_parameters",
+    "mixer_parameters",
     "mlp_parameters",
     "moe_parameters",
     "norm_parameters",
     "parameter_breakdown",
+    "register_mixer_parameters",
 ]
 
 
@@ -197,32 +203,90 @@ class ParameterBreakdown:
         return {**asdict(self), "total": self.total}
 
 
+#: Elements of one layer's token mixer, by ParameterBreakdown slot (attention, ssm, linear_attention).
+MixerCounter = Callable[["ModelSpec"], Mapping[str, int]]
+
+_MIXER_PARAMETERS: dict[MixerKind, MixerCounter] = {
+    MixerKind.ATTENTION: lambda spec: {"attention": attention_parameters(spec.attention, spec.hidden_size)},
+    MixerKind.NONE: lambda spec: {},
+}
+
+
+def _dense(spec: ModelSpec) -> Mapping[str, int]:
+    assert spec.mlp is not None  # ModelSpec checks that dense layers have an MLP
+    return {"mlp": mlp_parameters(spec.mlp, spec.hidden_size)}
+
+
+def _moe(spec: ModelSpec) -> Mapping[str, int]:
+    assert spec.moe is not None  # ModelSpec checks that MoE layers have an MoE block
+    routed, shared, router = moe_parameters(spec.moe, spec.hidden_size)
+    return {"moe_experts": routed, "moe_shared": shared, "moe_router": router}
+
+
+_FFN_PARAMETERS: dict[FfnKind, Callable[[ModelSpec], Mapping[str, int]]] = {
+    FfnKind.DENSE: _dense,
+    FfnKind.MOE: _moe,
+    FfnKind.NONE: lambda spec: {},
+}
+
+
+def register_mixer_parameters(kind: MixerKind, counter: MixerCounter) -> None:
+    """Register the parameter count of a token mixer (a new mixer is an entry, not an ``elif``)."""
+    _MIXER_PARAMETERS[kind] = counter
+
+
+def mixer_parameters(spec: ModelSpec, mixer: MixerKind) -> Mapping[str, int]:
+    """Elements of one layer's ``mixer`` by breakdown slot; a mixer without a counting rule is a
+    one-line :class:`ConfigError`, never counted as attention."""
+    counter = _MIXER_PARAMETERS.get(mixer)
+    if counter is None:
+        raise ConfigError(f"{spec.name}: layers with a {mixer.value} token mixer are not modelled by vramlens")
+    return counter(spec)
+
+
+def ffn_parameters(spec: ModelSpec, ffn: FfnKind) -> Mapping[str, int]:
+    """Elements of one layer's feed-forward block by breakdown slot (mlp, moe_experts, moe_shared, moe_router)."""
+    return _FFN_PARAMETERS[ffn](spec)
+
+
+def layer_parameters(spec: ModelSpec, kind: LayerKind) -> int:
+    """Elements of one decoder layer of ``kind``: mixer, FFN and the layer's hidden-size norms."""
+    norms = spec.norms_per_layer * norm_parameters(spec.norm, spec.hidden_size)
+    return sum(mixer_parameters(spec, kind.mixer).values()) + sum(ffn_parameters(spec, kind.ffn).values()) + norms
+
+
 def parameter_breakdown(spec: ModelSpec) -> ParameterBreakdown:
-    """Count every parameter of ``spec`` by component (see :class:`ParameterBreakdown`)."""
+    """Count every parameter of ``spec`` by component (see :class:`ParameterBreakdown`), layer kind by layer kind."""
     hidden = spec.hidden_size
-    moe_layers = spec.num_moe_layers
-    dense_layers = spec.num_layers - moe_layers
-    routed = shared = router = 0
-    if spec.moe is not None and moe_layers:
-        routed, shared, router = moe_parameters(spec.moe, hidden)
+    slots: dict[str, int] = {}
+    kinds: dict[LayerKind, int] = {}
+    for layer in spec.layers:
+        kinds[layer.kind] = kinds.get(layer.kind, 0) + 1
+    for kind, count in kinds.items():
+        for counts in (mixer_parameters(spec, kind.mixer), ffn_parameters(spec, kind.ffn)):
+            for slot, elements in counts.items():
+                slots[slot] = slots.get(slot, 0) + count * elements
+    unknown = set(slots) - set(_LAYER_SLOTS)
+    if unknown:  # a counting rule naming a slot the breakdown lacks is a bug, never a dropped count
+        raise RuntimeError(f"parameter slots without a ParameterBreakdown field: {sorted(unknown)}")
     lm_head = 0 if spec.tie_word_embeddings else hidden * spec.vocab_size
     if spec.lm_head_bias:
         lm_head += spec.vocab_size
     learned = spec.position.kind is PositionKind.LEARNED
+    moe_layers = spec.num_moe_layers
     return ParameterBreakdown(
         embedding=spec.vocab_size * hidden,
         position_embedding=spec.position.max_positions * hidden if learned else 0,
-        attention=spec.num_layers * attention_parameters(spec.attention, hidden),
-        mlp=dense_layers * mlp_parameters(spec.mlp, hidden) if spec.mlp is not None and dense_layers else 0,
-        moe_experts=moe_layers * routed,
-        moe_shared=moe_layers * shared,
-        moe_router=moe_layers * router,
         norms=spec.num_layers * spec.norms_per_layer * norm_parameters(spec.norm, hidden),
         final_norm=norm_parameters(spec.norm, hidden) if spec.final_norm else 0,
         lm_head=lm_head,
         extra=sum(count for _, count in spec.extra_parameters),
         persistent_buffers=moe_layers * spec.moe.num_experts if spec.moe and spec.moe.router_score_bias else 0,
+        **{slot: slots.get(slot, 0) for slot in _LAYER_SLOTS},
     )
+
+
+_LAYER_SLOTS = ("attention", "mlp", "moe_experts", "moe_shared", "moe_router")
 
 
 def active_parameters(spec: ModelSpec) -> int:

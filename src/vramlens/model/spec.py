@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from vramlens.model.components import (
     AttentionSpec,
     FfnKind,
+    LayerKind,
     LayerSpec,
     MixerKind,
     MlaSpec,
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AttentionSpec",
     "FfnKind",
+    "LayerKind",
     "LayerSpec",
     "MixerKind",
     "MlaSpec",

@@ -33,7 +33,7 @@ from vramlens.estimate.act_fns import activation_fn
 from vramlens.estimate.infer.engines import sampler_bytes_per_logit
 from vramlens.estimate.infer.kv_cache import kv_heads_per_rank
 from vramlens.estimate.styles import hf_style
-from vramlens.model.components import MlpKind, PositionKind
+from vramlens.model.components import FfnKind, MlpKind, PositionKind
 from vramlens.model.modules import layer_linears
 from vramlens.model.spec import ModelSpec
 from vramlens.workload.options import AttentionImpl
@@ -132,6 +132,11 @@ def hf_mlp_tensors(spec: ModelSpec) -> int:
     return max(1 + peak, 4) if fused else max(peak, 3)
 
 
+def _ffn_kinds(spec: ModelSpec) -> set[bool]:
+    """Whether the layers with a feed-forward block use the MoE block (True) or the dense MLP (False)."""
+    return {layer.ffn is FfnKind.MOE for layer in spec.layers if layer.ffn is not FfnKind.NONE}
+
+
 def _mlp_elements(spec: ModelSpec, tokens: int, tp: int, *, moe_layer: bool, fused: bool) -> int:
     moe = spec.moe
     if moe_layer and moe is not None:
@@ -173,11 +178,11 @@ def hf_layer_working_bytes(
         if attention is AttentionImpl.EAGER:
             attn += eager_scores_bytes(spec, batch=batch, seq_q=seq_q, seq_kv=seq_kv, compute_bytes=c, tp=tp)
     attn += tokens * _held_bytes_per_token(spec, c, mlp=False)
-    kinds = {layer.moe for layer in spec.layers}
+    kinds = _ffn_kinds(spec)
     if spec.mlp is not None and kinds == {False}:
         mlp = hf_mlp_tensors(spec) * tokens * spec.mlp.intermediate_size // tp * c
     else:
-        mlp = max(_mlp_elements(spec, tokens, tp, moe_layer=moe, fused=False) for moe in kinds) * c
+        mlp = max((_mlp_elements(spec, tokens, tp, moe_layer=moe, fused=False) for moe in kinds), default=0) * c
     mlp += tokens * _held_bytes_per_token(spec, c, mlp=True)
     masks = attention_mask_bytes(spec, attention=attention, batch=batch, seq_q=seq_q, seq_kv=seq_kv, compute_bytes=c)
     return max(attn, mlp) + masks
@@ -187,8 +192,8 @@ def vllm_layer_working_bytes(spec: ModelSpec, *, tokens: int, compute_bytes: int
     """Peak intermediates of one vLLM decoder layer over a step of ``tokens`` tokens."""
     residual = 2 * tokens * spec.hidden_size
     attn = _attention_elements(spec, tokens, tp, fused_qkv=True)
-    kinds = {layer.moe for layer in spec.layers}
-    mlp = max(_mlp_elements(spec, tokens, tp, moe_layer=moe, fused=True) for moe in kinds)
+    kinds = _ffn_kinds(spec)
+    mlp = max((_mlp_elements(spec, tokens, tp, moe_layer=moe, fused=True) for moe in kinds), default=0)
     return (residual + max(attn, mlp)) * compute_bytes
 
 
