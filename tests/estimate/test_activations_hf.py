@@ -37,7 +37,7 @@ from vramlens.workload.load import load_workload
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from family_configs import FAMILY_CONFIGS
+from family_configs import FAMILY_CONFIGS, HYBRID_CONFIGS
 
 pytestmark = [requires_hf, pytest.mark.hf]
 
@@ -55,6 +55,7 @@ _CONFIGS = {
 _EAGER_ONLY = {"falcon-mqa", "deepseek_v2", "deepseek_v3", "gemma2"}
 _MOE = {"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3"}
 _SKIP = {"gemma3"}  # multimodal wrapper: its text tower is gemma3_text, covered below
+_SKIP |= set(HYBRID_CONFIGS)  # TEMPORARY (issue 19, F3): the hybrid mixers' saved tensors land in the next commits
 
 
 def _cases() -> list[tuple[str, str, str]]:

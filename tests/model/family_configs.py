@@ -172,3 +172,114 @@ def native_falcon(config: dict[str, Any]) -> dict[str, Any]:
         native["new_decoder_architecture"] = True
         native["num_kv_heads"] = config.get("n_head_kv", config["n_head"])
     return native
+
+
+#: The hybrids with a per-sequence state (issue 19): Mamba 1 / Mamba 2 / gated DeltaNet beside attention.
+HYBRID_CONFIGS: dict[str, dict[str, Any]] = {
+    "qwen3_next": _cfg(
+        "qwen3_next",
+        num_hidden_layers=4,
+        head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=8,
+        linear_conv_kernel_dim=4,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=48,
+        mlp_only_layers=[2],
+    ),
+    "jamba": _cfg(
+        "jamba",
+        num_hidden_layers=4,
+        attn_layer_period=2,
+        attn_layer_offset=1,
+        expert_layer_period=2,
+        expert_layer_offset=1,
+        num_experts=4,
+        num_experts_per_tok=2,
+        mamba_d_state=8,
+        mamba_d_conv=4,
+        mamba_expand=2,
+    ),
+    "falcon_h1": _cfg(
+        "falcon_h1",
+        num_hidden_layers=2,
+        mamba_d_ssm=96,
+        mamba_n_heads=6,
+        mamba_n_groups=2,
+        mamba_d_state=16,
+        mamba_chunk_size=16,
+        mamba_rms_norm=True,
+    ),
+    "falcon_h1-no-mamba-norm": _cfg(
+        "falcon_h1",
+        num_hidden_layers=2,
+        mamba_d_ssm=96,
+        mamba_n_heads=6,
+        mamba_d_state=16,
+        mamba_chunk_size=16,
+        mamba_rms_norm=False,
+        projectors_bias=True,
+    ),
+    "nemotron_h": _cfg(
+        "nemotron_h",
+        hybrid_override_pattern="M*-E",
+        head_dim=16,
+        mamba_num_heads=4,
+        mamba_head_dim=16,
+        n_groups=2,
+        ssm_state_size=16,
+        chunk_size=16,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        moe_shared_expert_intermediate_size=48,
+    ),
+    "granitemoehybrid": _cfg(
+        "granitemoehybrid",
+        layer_types=["mamba", "attention", "mamba"],
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        shared_intermediate_size=48,
+        mamba_n_heads=4,
+        mamba_d_state=16,
+        mamba_chunk_size=16,
+        position_embedding_type="rope",
+    ),
+}
+FAMILY_CONFIGS.update(HYBRID_CONFIGS)
+
+#: More shapes of the hybrid families, checked for parameter parity only.
+HYBRID_VARIANTS: dict[str, dict[str, Any]] = {
+    "falcon_h1-biases": {
+        **HYBRID_CONFIGS["falcon_h1"],
+        "projectors_bias": True,
+        "mamba_proj_bias": True,
+        "attention_bias": True,
+        "mlp_bias": True,
+        "mamba_conv_bias": False,
+    },
+    "falcon_h1-d-ssm-null": {**HYBRID_CONFIGS["falcon_h1"], "mamba_d_ssm": None, "mamba_n_heads": 8},
+    "nemotron_h-biases": {**HYBRID_CONFIGS["nemotron_h"], "mlp_bias": True, "use_bias": True, "use_conv_bias": False},
+    "nemotron_h-block-list": {
+        **{k: v for k, v in HYBRID_CONFIGS["nemotron_h"].items() if k != "hybrid_override_pattern"},
+        "layers_block_type": ["mamba", "attention", "moe", "mlp", "mamba"],
+    },
+    "granitemoehybrid-dense-nope": {
+        **HYBRID_CONFIGS["granitemoehybrid"],
+        "num_local_experts": 0,
+        "position_embedding_type": None,
+    },
+    "qwen3_next-dense": {**HYBRID_CONFIGS["qwen3_next"], "num_experts": 0},
+    "qwen3_next-layer-types": {
+        **HYBRID_CONFIGS["qwen3_next"],
+        "layer_types": ["full_attention", "linear_attention", "full_attention", "linear_attention"],
+        "decoder_sparse_step": 2,
+        "attention_bias": True,
+    },
+    "jamba-one-expert": {**HYBRID_CONFIGS["jamba"], "num_experts": 1, "mamba_proj_bias": True, "mamba_dt_rank": 6},
+    **{f"{model_type}-defaults": {"model_type": model_type} for model_type in HYBRID_CONFIGS if "-" not in model_type},
+}

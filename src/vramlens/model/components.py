@@ -21,6 +21,7 @@ from vramlens.errors import ConfigError
 
 __all__ = [
     "ATTENDING_MIXERS",
+    "MAMBA_MIXERS",
     "AttentionSpec",
     "FfnKind",
     "LayerKind",
@@ -82,12 +83,17 @@ class MixerKind(StrEnum):
     """Linear attention with a recurrent state (gated DeltaNet): a state per sequence."""
     MAMBA = "mamba"
     """A selective state-space mixer (Mamba 1/2): convolution and SSM states per sequence."""
+    ATTENTION_AND_MAMBA = "attention+mamba"
+    """Attention and a Mamba mixer side by side on the same normed input, their outputs summed
+    (Falcon-H1): a KV cache per token and a state per sequence in every layer."""
     NONE = "none"
     """No token mixer: the layer is only a feed-forward block (Nemotron-H's MLP/MoE blocks)."""
 
 
 #: Mixers that include softmax attention (and so a KV cache, masks and an attention kernel).
-ATTENDING_MIXERS = frozenset({MixerKind.ATTENTION})
+ATTENDING_MIXERS = frozenset({MixerKind.ATTENTION, MixerKind.ATTENTION_AND_MAMBA})
+#: Mixers that include a Mamba mixer (a convolution and an SSM state per sequence).
+MAMBA_MIXERS = frozenset({MixerKind.MAMBA, MixerKind.ATTENTION_AND_MAMBA})
 
 
 class FfnKind(StrEnum):
@@ -182,6 +188,9 @@ class AttentionSpec:
     """Attention-probability dropout during training."""
     sinks: bool = False
     """A learned sink logit per head joins every softmax (gpt-oss): ``num_heads`` more parameters."""
+    output_gate: bool = False
+    """The query projection also yields a per-head gate, ``o_proj(attn * sigmoid(gate))``
+    (Qwen3-Next): ``q_proj`` is ``h -> 2 x heads x head_dim``."""
 
     def __post_init__(self) -> None:
         _require(self.num_heads > 0, "attention.num_heads: must be a positive integer")
@@ -242,6 +251,10 @@ class MoeSpec:
     """Number of shared experts folded into ``shared_intermediate_size`` (informational)."""
     shared_expert_gate: bool = False
     """A sigmoid gate Linear(h, 1) scaling the shared expert (Qwen2-MoE)."""
+    shared_kind: MlpKind = MlpKind.GATED
+    """Shape of the shared expert (Nemotron-H's is a plain up/down MLP)."""
+    shared_bias: bool = False
+    """Biases on the shared expert's projections (Nemotron-H with ``mlp_bias``)."""
     router_score_bias: bool = False
     """A per-expert score-correction bias kept as a buffer, not a parameter (DeepSeek-V3)."""
     activation: str = "silu"

@@ -12,7 +12,10 @@ Groups say which linears read the same input tensor:
 * ``attn_out`` - reads the attention output (o_proj),
 * ``mlp_in``   - reads the normalized hidden state before the MLP (gate/up),
 * ``mlp_out``  - reads the MLP intermediate (down),
-* ``mla_q``/``mla_kv`` - MLA second-stage projections reading the compressed latents.
+* ``mla_q``/``mla_kv`` - MLA second-stage projections reading the compressed latents,
+* ``ssm_in``/``ssm_x``/``ssm_dt``/``ssm_out`` - a Mamba mixer's input projection, Mamba 1's
+  selective and time-step projections, its output projection,
+* ``gdn_in``/``gdn_out`` - gated DeltaNet's input projections and output projection.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from dataclasses import dataclass
 
 from vramlens.errors import ConfigError
 from vramlens.model.spec import FfnKind, LayerKind, MixerKind, MlpKind, ModelSpec
+from vramlens.model.ssm import MambaVersion
 
 __all__ = ["LinearShape", "all_layer_linears", "layer_kinds", "layer_linears", "register_mixer_linears"]
 
@@ -88,13 +92,14 @@ def _attention_linears(spec: ModelSpec) -> list[LinearShape]:
         return shapes
     q = attention.num_heads * attention.head_dim
     kv = attention.num_kv_heads * attention.head_dim
+    q_out = 2 * q if attention.output_gate else q  # Qwen3-Next's q_proj also yields the output gate
     bias = attention.qkv_bias
     fused = _FUSED_QKV.get(spec.model_type)
     if fused is not None:
         shapes = [LinearShape(name=fused, in_features=h, out_features=q + 2 * kv, group="attn_in", bias=bias)]
     else:
         shapes = [
-            LinearShape(name="q_proj", in_features=h, out_features=q, group="attn_in", bias=bias),
+            LinearShape(name="q_proj", in_features=h, out_features=q_out, group="attn_in", bias=bias),
             LinearShape(name="k_proj", in_features=h, out_features=kv, group="attn_in", bias=bias),
             LinearShape(name="v_proj", in_features=h, out_features=kv, group="attn_in", bias=bias),
         ]
@@ -103,45 +108,84 @@ def _attention_linears(spec: ModelSpec) -> list[LinearShape]:
     return shapes
 
 
-def _mlp_linears(spec: ModelSpec, inner: int, *, prefix: str = "") -> list[LinearShape]:
+#: Gated MLPs whose gate and up projections are one fused linear of ``2 x inner`` outputs.
+_FUSED_GATE_UP = {"phi3": ("gate_up_proj", "down_proj"), "granitemoehybrid": ("input_linear", "output_linear")}
+#: Module path of the dense MLP / the shared expert inside a layer, where it is not the usual one.
+_DENSE_PREFIX = {"granitemoehybrid": "shared_mlp."}
+_SHARED_PREFIX = {"granitemoehybrid": "shared_mlp."}
+
+
+def _mlp_linears(spec: ModelSpec, inner: int, kind: MlpKind, *, bias: bool, prefix: str = "") -> list[LinearShape]:
     h = spec.hidden_size
-    mlp = spec.mlp
-    bias = bool(mlp and mlp.bias)
-    if mlp is not None and mlp.kind is MlpKind.PLAIN:
+    if kind is MlpKind.PLAIN:
         up, down = _PLAIN_MLP.get(spec.model_type, ("up_proj", "down_proj"))
         return [
             LinearShape(name=prefix + up, in_features=h, out_features=inner, group="mlp_in", bias=bias),
             LinearShape(name=prefix + down, in_features=inner, out_features=h, group="mlp_out", bias=bias),
         ]
-    if spec.model_type == "phi3":
-        first = [LinearShape(name=prefix + "gate_up_proj", in_features=h, out_features=2 * inner, group="mlp_in")]
+    fused = _FUSED_GATE_UP.get(spec.model_type)
+    down = "down_proj"
+    if fused is not None:
+        first = [LinearShape(name=prefix + fused[0], in_features=h, out_features=2 * inner, group="mlp_in")]
+        down = fused[1]
     else:
         first = [
             LinearShape(name=prefix + "gate_proj", in_features=h, out_features=inner, group="mlp_in", bias=bias),
             LinearShape(name=prefix + "up_proj", in_features=h, out_features=inner, group="mlp_in", bias=bias),
         ]
-    return [
-        *first,
-        LinearShape(name=prefix + "down_proj", in_features=inner, out_features=h, group="mlp_out", bias=bias),
-    ]
+    return [*first, LinearShape(name=prefix + down, in_features=inner, out_features=h, group="mlp_out", bias=bias)]
 
 
 def _dense_linears(spec: ModelSpec) -> list[LinearShape]:
-    assert spec.mlp is not None
-    return _mlp_linears(spec, spec.mlp.intermediate_size)
+    mlp = spec.mlp
+    assert mlp is not None
+    prefix = _DENSE_PREFIX.get(spec.model_type, "")
+    return _mlp_linears(spec, mlp.intermediate_size, mlp.kind, bias=mlp.bias, prefix=prefix)
 
 
 def _moe_linears(spec: ModelSpec) -> list[LinearShape]:
-    if spec.moe is not None and spec.moe.shared_intermediate_size:
-        prefix = "shared_expert." if spec.moe.shared_expert_gate else "shared_experts."
-        return _mlp_linears(spec, spec.moe.shared_intermediate_size, prefix=prefix)
-    return []
+    moe = spec.moe
+    if moe is None or not moe.shared_intermediate_size:
+        return []
+    prefix = _SHARED_PREFIX.get(spec.model_type, "shared_expert." if moe.shared_expert_gate else "shared_experts.")
+    return _mlp_linears(spec, moe.shared_intermediate_size, moe.shared_kind, bias=moe.shared_bias, prefix=prefix)
+
+
+def _mamba_linears(spec: ModelSpec) -> list[LinearShape]:
+    """Mamba 1: ``in_proj``, ``x_proj``, ``dt_proj``, ``out_proj``; Mamba 2: ``in_proj``, ``out_proj``
+    (the convolution is an ``nn.Conv1d``, not a linear, and no LoRA target)."""
+    mamba = spec.mamba
+    assert mamba is not None
+    h, d = spec.hidden_size, mamba.intermediate_size
+    shapes = [
+        LinearShape(name="in_proj", in_features=h, out_features=mamba.in_proj_size, group="ssm_in", bias=mamba.in_bias)
+    ]
+    if mamba.version is MambaVersion.MAMBA1:
+        r = mamba.time_step_rank
+        shapes.append(LinearShape(name="x_proj", in_features=d, out_features=r + 2 * mamba.state_size, group="ssm_x"))
+        shapes.append(LinearShape(name="dt_proj", in_features=r, out_features=d, group="ssm_dt", bias=True))
+    shapes.append(LinearShape(name="out_proj", in_features=d, out_features=h, group="ssm_out", bias=mamba.out_bias))
+    return shapes
+
+
+def _gated_deltanet_linears(spec: ModelSpec) -> list[LinearShape]:
+    linear = spec.linear_attention
+    assert linear is not None
+    h, k, v = spec.hidden_size, linear.key_dim, linear.value_dim
+    return [
+        LinearShape(name="in_proj_qkvz", in_features=h, out_features=2 * k + 2 * v, group="gdn_in"),
+        LinearShape(name="in_proj_ba", in_features=h, out_features=2 * linear.num_value_heads, group="gdn_in"),
+        LinearShape(name="out_proj", in_features=v, out_features=h, group="gdn_out"),
+    ]
 
 
 MixerLinears = Callable[[ModelSpec], list[LinearShape]]
 
 _MIXER_LINEARS: dict[MixerKind, MixerLinears] = {
     MixerKind.ATTENTION: _attention_linears,
+    MixerKind.MAMBA: _mamba_linears,
+    MixerKind.LINEAR_ATTENTION: _gated_deltanet_linears,
+    MixerKind.ATTENTION_AND_MAMBA: lambda spec: _attention_linears(spec) + _mamba_linears(spec),
     MixerKind.NONE: lambda spec: [],
 }
 _FFN_LINEARS: dict[FfnKind, MixerLinears] = {

@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING
 
 from vramlens.errors import ConfigError
 from vramlens.model.spec import FfnKind, LayerKind, MixerKind, MlpKind, NormKind, NormSpec, PositionKind, QKNorm
+from vramlens.model.ssm import MambaVersion
 
 if TYPE_CHECKING:
-    from vramlens.model.spec import AttentionSpec, MlaSpec, MlpSpec, ModelSpec, MoeSpec
+    from vramlens.model.spec import AttentionSpec, LinearAttentionSpec, MambaSpec, MlaSpec, MlpSpec, ModelSpec, MoeSpec
 
 _RMS = NormSpec(kind=NormKind.RMSNORM)
 
@@ -29,6 +30,7 @@ __all__ = [
     "attention_parameters",
     "expert_parameters",
     "ffn_parameters",
+    "gated_deltanet_parameters",
     "layer_parameters",
     "linear_parameters",
     "mla_attention_parameters",
@@ -83,7 +85,8 @@ def attention_parameters(attention: AttentionSpec, hidden: int) -> int:
     ``q: h -> H*d``, ``k, v: h -> Hkv*d``, ``o: H*d -> h`` (fused qkv layouts
     such as Phi-3's ``qkv_proj`` or Falcon's ``query_key_value`` hold the same
     count). Q/K norms: per-head adds ``2*norm(d)``; per-projection adds
-    ``norm(H*d) + norm(Hkv*d)``. Attention sinks (gpt-oss) add one logit per head.
+    ``norm(H*d) + norm(Hkv*d)``. Attention sinks (gpt-oss) add one logit per head; an output
+    gate (Qwen3-Next) doubles the query projection.
     """
     if attention.mla is not None:
         return mla_attention_parameters(
@@ -95,8 +98,9 @@ def attention_parameters(attention: AttentionSpec, hidden: int) -> int:
         )
     q_width = attention.num_heads * attention.head_dim
     kv_width = attention.num_kv_heads * attention.head_dim
+    q_out = 2 * q_width if attention.output_gate else q_width  # Qwen3-Next: queries and their gates
     projections = (
-        linear_parameters(hidden, q_width, bias=attention.qkv_bias)
+        linear_parameters(hidden, q_out, bias=attention.qkv_bias)
         + 2 * linear_parameters(hidden, kv_width, bias=attention.qkv_bias)
         + linear_parameters(q_width, hidden, bias=attention.out_bias)
     )
@@ -109,6 +113,46 @@ def attention_parameters(attention: AttentionSpec, hidden: int) -> int:
     if attention.sinks:
         projections += attention.num_heads
     return projections
+
+
+def mamba_parameters(mamba: MambaSpec, hidden: int) -> int:
+    """Elements of one Mamba mixer (``d`` = ``d_inner``, ``N`` = ``d_state``, ``k`` = ``d_conv``).
+
+    Mamba 1 (``JambaMambaMixer``): ``in_proj h -> 2d``, ``conv1d`` ``d x k`` (+ ``d`` bias),
+    ``x_proj d -> R + 2N``, ``dt_proj R -> d`` with bias, ``A_log d x N``, ``D d``,
+    ``out_proj d -> h``, and Jamba's RMSNorms of widths ``R``, ``N``, ``N``.
+    Mamba 2 (``FalconH1Mixer``, ``NemotronHMamba2Mixer``, ``GraniteMoeHybridMambaLayer``):
+    ``in_proj h -> d + (d + 2GN) + H``, ``conv1d`` ``(d + 2GN) x k`` (+ bias), ``dt_bias``,
+    ``A_log`` and ``D`` of ``H`` each, the gated RMSNorm ``d``, ``out_proj d -> h``.
+    """
+    d, n = mamba.intermediate_size, mamba.state_size
+    conv = mamba.conv_dim * mamba.conv_kernel + (mamba.conv_dim if mamba.conv_bias else 0)
+    common = (
+        linear_parameters(hidden, mamba.in_proj_size, bias=mamba.in_bias)
+        + conv
+        + linear_parameters(d, hidden, bias=mamba.out_bias)
+    )
+    if mamba.version is MambaVersion.MAMBA1:
+        r = mamba.time_step_rank
+        ssm = linear_parameters(d, r + 2 * n, bias=False) + linear_parameters(r, d, bias=True) + d * n + d
+        return common + ssm + (r + 2 * n if mamba.inner_norms else 0)
+    return common + 3 * mamba.num_heads + (d if mamba.gated_norm else 0)
+
+
+def gated_deltanet_parameters(linear: LinearAttentionSpec, hidden: int) -> int:
+    """Elements of one gated DeltaNet (``Qwen3NextGatedDeltaNet``): ``in_proj_qkvz h -> 2K + 2V``,
+    ``in_proj_ba h -> 2 Hv``, a bias-free ``conv1d`` ``(2K + V) x k``, ``dt_bias`` and ``A_log``
+    (``Hv`` each), the gated RMSNorm of one value head, ``out_proj V -> h`` (``K`` = key heads x
+    key head size, ``V`` = value heads x value head size)."""
+    k, v = linear.key_dim, linear.value_dim
+    return (
+        linear_parameters(hidden, 2 * k + 2 * v, bias=False)
+        + linear_parameters(hidden, 2 * linear.num_value_heads, bias=False)
+        + linear.conv_dim * linear.conv_kernel
+        + 2 * linear.num_value_heads
+        + linear.value_head_dim
+        + linear_parameters(v, hidden, bias=False)
+    )
 
 
 def _ffn_parameters(kind: MlpKind, hidden: int, inner: int, *, bias: bool) -> int:
@@ -136,7 +180,7 @@ def moe_parameters(moe: MoeSpec, hidden: int) -> tuple[int, int, int]:
     routed = moe.num_experts * expert_parameters(moe, hidden)
     shared = 0
     if moe.shared_intermediate_size:
-        shared = _ffn_parameters(MlpKind.GATED, hidden, moe.shared_intermediate_size, bias=False)
+        shared = _ffn_parameters(moe.shared_kind, hidden, moe.shared_intermediate_size, bias=moe.shared_bias)
     if moe.shared_expert_gate:
         shared += linear_parameters(hidden, 1, bias=False)
     router = linear_parameters(hidden, moe.num_experts, bias=False)
@@ -157,6 +201,10 @@ class ParameterBreakdown:
     """Learned absolute positions ``P*h`` (GPT-2); 0 for rotary/ALiBi."""
     attention: int
     """All layers' attention projections and q/k norms."""
+    ssm: int = 0
+    """All layers' Mamba mixers (projections, convolutions, A, D, dt, norms)."""
+    linear_attention: int = 0
+    """All layers' linear-attention mixers (gated DeltaNet)."""
     mlp: int
     """All dense layers' MLPs."""
     moe_experts: int
@@ -183,6 +231,8 @@ class ParameterBreakdown:
             self.embedding
             + self.position_embedding
             + self.attention
+            + self.ssm
+            + self.linear_attention
             + self.mlp
             + self.moe_experts
             + self.moe_shared
@@ -191,6 +241,20 @@ class ParameterBreakdown:
             + self.final_norm
             + self.lm_head
             + self.extra
+        )
+
+    @property
+    def layers(self) -> int:
+        """Every decoder layer's parameters: mixers, FFNs and the layers' norms."""
+        return (
+            self.attention
+            + self.ssm
+            + self.linear_attention
+            + self.mlp
+            + self.moe_experts
+            + self.moe_shared
+            + self.moe_router
+            + self.norms
         )
 
     @property
@@ -206,8 +270,26 @@ class ParameterBreakdown:
 #: Elements of one layer's token mixer, by ParameterBreakdown slot (attention, ssm, linear_attention).
 MixerCounter = Callable[["ModelSpec"], Mapping[str, int]]
 
+
+def _mamba(spec: ModelSpec) -> Mapping[str, int]:
+    assert spec.mamba is not None  # ModelSpec checks that Mamba layers have a Mamba mixer
+    return {"ssm": mamba_parameters(spec.mamba, spec.hidden_size)}
+
+
+def _linear_attention(spec: ModelSpec) -> Mapping[str, int]:
+    assert spec.linear_attention is not None  # ModelSpec checks it
+    return {"linear_attention": gated_deltanet_parameters(spec.linear_attention, spec.hidden_size)}
+
+
+def _attention(spec: ModelSpec) -> Mapping[str, int]:
+    return {"attention": attention_parameters(spec.attention, spec.hidden_size)}
+
+
 _MIXER_PARAMETERS: dict[MixerKind, MixerCounter] = {
-    MixerKind.ATTENTION: lambda spec: {"attention": attention_parameters(spec.attention, spec.hidden_size)},
+    MixerKind.ATTENTION: _attention,
+    MixerKind.MAMBA: _mamba,
+    MixerKind.LINEAR_ATTENTION: _linear_attention,
+    MixerKind.ATTENTION_AND_MAMBA: lambda spec: {**_attention(spec), **_mamba(spec)},
     MixerKind.NONE: lambda spec: {},
 }
 
@@ -286,7 +368,7 @@ def parameter_breakdown(spec: ModelSpec) -> ParameterBreakdown:
     )
 
 
-_LAYER_SLOTS = ("attention", "mlp", "moe_experts", "moe_shared", "moe_router")
+_LAYER_SLOTS = ("attention", "ssm", "linear_attention", "mlp", "moe_experts", "moe_shared", "moe_router")
 
 
 def active_parameters(spec: ModelSpec) -> int:

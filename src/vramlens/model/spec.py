@@ -15,6 +15,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from vramlens.model.components import (
+    MAMBA_MIXERS,
     AttentionSpec,
     FfnKind,
     LayerKind,
@@ -31,6 +32,7 @@ from vramlens.model.components import (
     QKNorm,
     _require,
 )
+from vramlens.model.ssm import LinearAttentionSpec, MambaSpec
 
 if TYPE_CHECKING:
     from vramlens.model.params import ParameterBreakdown
@@ -42,6 +44,8 @@ __all__ = [
     "FfnKind",
     "LayerKind",
     "LayerSpec",
+    "LinearAttentionSpec",
+    "MambaSpec",
     "MixerKind",
     "MlaSpec",
     "MlpKind",
@@ -81,6 +85,10 @@ class ModelSpec:
     """The dense FFN used by non-MoE layers (None when every layer is MoE)."""
     moe: MoeSpec | None = None
     """The MoE FFN used by MoE layers (None for dense models)."""
+    mamba: MambaSpec | None = None
+    """The Mamba mixer of Mamba layers (and of Falcon-H1's attention+Mamba layers)."""
+    linear_attention: LinearAttentionSpec | None = None
+    """The linear-attention mixer of linear-attention layers (Qwen3-Next's gated DeltaNet)."""
     layers: tuple[LayerSpec, ...]
     """One entry per decoder layer."""
     norm: NormSpec = field(default_factory=NormSpec)
@@ -134,6 +142,15 @@ class ModelSpec:
         uses_dense = any(layer.ffn is FfnKind.DENSE for layer in self.layers)
         _require(not uses_moe or self.moe is not None, "moe: MoE layers present but no MoE block described")
         _require(not uses_dense or self.mlp is not None, "mlp: dense layers present but no dense MLP described")
+        _require(
+            self.mamba is not None or not any(layer.mixer in MAMBA_MIXERS for layer in self.layers),
+            "mamba: Mamba layers present but no Mamba mixer described",
+        )
+        _require(
+            self.linear_attention is not None
+            or not any(layer.mixer is MixerKind.LINEAR_ATTENTION for layer in self.layers),
+            "linear_attention: linear-attention layers present but no linear-attention mixer described",
+        )
         _require(self.norms_per_layer >= 0, "norms_per_layer: must not be negative")
         for name, extra in self.extra_parameters:
             _require(extra >= 0, f"extra_parameters.{name}: must not be negative")

@@ -31,7 +31,18 @@ __all__ = ["Parser", "parse_config", "register", "supported_model_types"]
 
 Parser = Callable[[ConfigView], ModelSpec]
 
-_FAMILY_MODULES = ("llama", "gemma", "phi", "gpt", "deepseek")
+_FAMILY_MODULES = (
+    "llama",
+    "gemma",
+    "phi",
+    "gpt",
+    "deepseek",
+    "qwen3_next",
+    "jamba",
+    "falcon_h1",
+    "nemotron_h",
+    "granite_hybrid",
+)
 _PARSERS: dict[str, Parser] = {}
 _loaded = False
 
