@@ -3,14 +3,15 @@ of a real transformers model, on CPU.
 
 "Where am I" comes from forward hooks on the decoder layer; "what was saved" from
 ``torch.autograd.graph.saved_tensors_hooks``. A saved tensor is counted once per
-storage; parameters, and storages the previous layer also saved (rotary tables and
-attention masks shared by all layers), are left out, as vramlens counts those outside
-the layers. Needs the [hf] extra; imported by tests only.
+storage that backward still holds at the end of the forward; parameters, and storages an earlier layer also saved (rotary tables and
+attention masks shared by all layers, or by all attention layers of a hybrid), are left
+out, as vramlens counts those outside the layers. Needs the [hf] extra; imported by tests only.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import warnings
 from typing import Any
 
@@ -49,24 +50,34 @@ def layer_saved_bytes_per_token(
     batch: int = 2,
     seq: int = 64,
     autocast: bool = False,
+    frozen: bool = False,
 ) -> float:
     """Bytes per token autograd keeps for decoder layer ``layer`` in one forward pass: the
     difference between a forward of ``2 * batch`` and of ``batch`` sequences, per token, so
-    that tensors of parameter size (Gemma's ``1 + weight``) drop out."""
-    double = _layer_saved_bytes(config, dtype, attention, layer, 2 * batch, seq, autocast)
-    single = _layer_saved_bytes(config, dtype, attention, layer, batch, seq, autocast)
+    that tensors of parameter size (Gemma's ``1 + weight``) drop out. ``frozen``: every
+    parameter frozen and the input embeddings requiring grad (a LoRA run without its adapters)."""
+    double = _layer_saved_bytes(config, dtype, attention, layer, 2 * batch, seq, autocast, frozen)
+    single = _layer_saved_bytes(config, dtype, attention, layer, batch, seq, autocast, frozen)
     return (double - single) / (batch * seq)
 
 
 def _layer_saved_bytes(
-    config: dict[str, Any], dtype: str, attention: str, layer: int, batch: int, seq: int, autocast: bool
+    config: dict[str, Any],
+    dtype: str,
+    attention: str,
+    layer: int,
+    batch: int,
+    seq: int,
+    autocast: bool,
+    frozen: bool = False,
 ) -> int:
     import torch
 
     torch.manual_seed(0)
     model = _build(config, getattr(torch, dtype), attention)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved: dict[int, dict[int, int]] = {}
+    # layer -> (storage address, bytes, weak reference to the storage) of every packed tensor
+    saved: dict[int, list[tuple[int, int, int]]] = {}
     current: list[int | None] = [None]
     layers = _decoder_layers(model)
     for index, module in enumerate(layers):
@@ -76,13 +87,27 @@ def _layer_saved_bytes(
     def pack(tensor: Any) -> Any:
         storage = tensor.untyped_storage()
         if current[0] is not None and storage.data_ptr() not in params:
-            saved.setdefault(current[0], {})[storage.data_ptr()] = storage.nbytes()
+            saved.setdefault(current[0], []).append((storage.data_ptr(), storage.nbytes(), storage._weak_ref()))
         return tensor
 
     ids = torch.randint(0, model.config.vocab_size, (batch, seq))
+    inputs: dict[str, Any] = {"input_ids": ids}
+    if frozen:
+        for parameter in model.parameters():
+            parameter.requires_grad_(False)
+        inputs = {"inputs_embeds": model.get_input_embeddings()(ids).requires_grad_(True)}
     amp = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), amp:
-        model(input_ids=ids)
-    shared = set(saved.get(layer - 1, {}))
-    own = {ptr: size for ptr, size in saved[layer].items() if ptr not in shared}
+        output = model(**inputs)
+    gc.collect()
+    # Only what backward will read: a branch whose result is dropped (the delta rule's final state
+    # when no cache asks for it) frees its saved tensors, and their addresses may be reused.
+    expired = torch.UntypedStorage._expired
+    kept = {index: {ptr: size for ptr, size, ref in packed if not expired(ref)} for index, packed in saved.items()}
+    for packed in saved.values():
+        for _, _, ref in packed:
+            torch.UntypedStorage._free_weak_ref(ref)
+    del output
+    shared = {ptr for earlier in range(layer) for ptr in kept.get(earlier, {})}
+    own = {ptr: size for ptr, size in kept[layer].items() if ptr not in shared}
     return sum(own.values())

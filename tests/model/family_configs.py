@@ -178,7 +178,8 @@ def native_falcon(config: dict[str, Any]) -> dict[str, Any]:
 HYBRID_CONFIGS: dict[str, dict[str, Any]] = {
     "qwen3_next": _cfg(
         "qwen3_next",
-        num_hidden_layers=4,
+        num_hidden_layers=5,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention", "linear_attention"],
         head_dim=16,
         linear_num_key_heads=2,
         linear_num_value_heads=4,
@@ -226,7 +227,7 @@ HYBRID_CONFIGS: dict[str, dict[str, Any]] = {
     ),
     "nemotron_h": _cfg(
         "nemotron_h",
-        hybrid_override_pattern="M*-E",
+        hybrid_override_pattern="M*M-E*",
         head_dim=16,
         mamba_num_heads=4,
         mamba_head_dim=16,
@@ -240,7 +241,8 @@ HYBRID_CONFIGS: dict[str, dict[str, Any]] = {
     ),
     "granitemoehybrid": _cfg(
         "granitemoehybrid",
-        layer_types=["mamba", "attention", "mamba"],
+        num_hidden_layers=4,
+        layer_types=["mamba", "attention", "mamba", "attention"],
         num_local_experts=4,
         num_experts_per_tok=2,
         shared_intermediate_size=48,
@@ -270,13 +272,16 @@ HYBRID_VARIANTS: dict[str, dict[str, Any]] = {
     },
     "granitemoehybrid-dense-nope": {
         **HYBRID_CONFIGS["granitemoehybrid"],
+        "num_hidden_layers": 3,
+        "layer_types": ["mamba", "attention", "mamba"],
         "num_local_experts": 0,
         "position_embedding_type": None,
     },
     "qwen3_next-dense": {**HYBRID_CONFIGS["qwen3_next"], "num_experts": 0},
-    "qwen3_next-layer-types": {
-        **HYBRID_CONFIGS["qwen3_next"],
-        "layer_types": ["full_attention", "linear_attention", "full_attention", "linear_attention"],
+    "qwen3_next-interval": {
+        **{k: v for k, v in HYBRID_CONFIGS["qwen3_next"].items() if k != "layer_types"},
+        "num_hidden_layers": 6,
+        "full_attention_interval": 3,
         "decoder_sparse_step": 2,
         "attention_bias": True,
     },

@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from vramlens.errors import InputError
+from vramlens.estimate.mixers.deltanet import deltanet_saved_parts
+from vramlens.estimate.mixers.mamba import mamba_saved_parts
 from vramlens.estimate.moe_parts import moe_parts
 from vramlens.estimate.saved_parts import (
     FP32,
@@ -63,8 +65,11 @@ def _qk_norm_parts(recipe: LayerRecipe, q: int, kv: int) -> list[Part]:
             parts.append(Part(name=f"{label} mean+rstd", bytes_per_token=2 * STAT * count))
         return parts
     keep = (recipe.compute_bytes if recipe.style.norm == NormStyle.RMS else FP32) if recipe.train.norms else 0
-    for label, width, count in (("q_norm", q, stats[0]), ("k_norm", kv, stats[1])):
-        parts.append(Part(name=f"{label} fp32 input", bytes_per_token=FP32 * width))
+    # In fp32 the norm's up-cast is a no-op: it keeps its input, and a query that is a view of a
+    # q_proj output also holding the output gates (Qwen3-Next) keeps that whole output.
+    q_storage = 2 * q if (attention.output_gate and recipe.compute_bytes == FP32) else q
+    for label, width, count, stored in (("q_norm", q, stats[0], q_storage), ("k_norm", kv, stats[1], kv)):
+        parts.append(Part(name=f"{label} fp32 input", bytes_per_token=FP32 * stored))
         parts.append(Part(name=f"{label} rsqrt", bytes_per_token=STAT * count))
         if keep:
             parts.append(Part(name=f"{label} normalized", bytes_per_token=keep * width))
@@ -152,6 +157,19 @@ def _mla_latent_parts(recipe: LayerRecipe) -> list[Part]:
     return parts
 
 
+def _output_gate_parts(recipe: LayerRecipe, width: int, *, copy: bool, needs_out: bool) -> list[Part]:
+    """Qwen3-Next's ``o_proj(attn * sigmoid(gate))``: the product keeps the attention output (a
+    copy where the kernel's layout is not the heads-last one, as for ``out_proj_copy``) and the
+    sigmoid's output, which the sigmoid keeps too; ``o_proj`` keeps the product when it trains."""
+    a = recipe.compute_bytes
+    parts = [Part(name="attention output gate sigmoid(gate)", bytes_per_token=a * width)]
+    if copy:
+        parts.append(Part(name="attention output copy (gate multiply input)", bytes_per_token=a * width))
+    if needs_out:
+        parts.append(Part(name="o_proj input (gated attention output)", bytes_per_token=a * width))
+    return parts
+
+
 def _attention_parts(recipe: LayerRecipe, input_bytes: int, *, sliding: bool) -> list[Part]:
     spec = recipe.spec
     h = spec.hidden_size
@@ -165,7 +183,9 @@ def _attention_parts(recipe: LayerRecipe, input_bytes: int, *, sliding: bool) ->
     out_width = widths.q if spec.attention.mla is None else widths.v
     copy = recipe.attention is AttentionImpl.EAGER or recipe.style.out_proj_copy
     needs_out = any(s.group == "attn_out" and s.name in recipe.train.needs_input for s in recipe.linears)
-    if copy and needs_out:
+    if spec.attention.output_gate:
+        parts += _output_gate_parts(recipe, out_width, copy=copy, needs_out=needs_out)
+    elif copy and needs_out:
         parts.append(
             Part(name="o_proj input (attention output copy)", bytes_per_token=recipe.compute_bytes * out_width)
         )
@@ -205,8 +225,22 @@ def _mlp_parts(recipe: LayerRecipe, input_bytes: int) -> list[Part]:
 #: ``input_bytes`` being the bytes per element of the (normed) tensor the mixer reads.
 MixerSaved = Callable[[LayerRecipe, int, bool], list[Part]]
 
+
+def _attention_mixer(recipe: LayerRecipe, input_bytes: int, sliding: bool) -> list[Part]:
+    return _attention_parts(recipe, input_bytes, sliding=sliding)
+
+
+def _attention_and_mamba(recipe: LayerRecipe, input_bytes: int, sliding: bool) -> list[Part]:
+    """Falcon-H1: attention and Mamba read the normed input, each through its own muP-scaled copy
+    (``x * attention_in_multiplier``, ``x * ssm_in_multiplier``), which each keeps."""
+    return _attention_parts(recipe, input_bytes, sliding=sliding) + mamba_saved_parts(recipe, input_bytes, sliding)
+
+
 _MIXER_SAVED: dict[MixerKind, MixerSaved] = {
-    MixerKind.ATTENTION: lambda recipe, input_bytes, sliding: _attention_parts(recipe, input_bytes, sliding=sliding),
+    MixerKind.ATTENTION: _attention_mixer,
+    MixerKind.MAMBA: mamba_saved_parts,
+    MixerKind.LINEAR_ATTENTION: deltanet_saved_parts,
+    MixerKind.ATTENTION_AND_MAMBA: _attention_and_mamba,
 }
 
 

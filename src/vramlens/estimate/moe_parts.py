@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from vramlens.estimate.saved_parts import FP32, GATHERED, SEQUENCE, LayerRecipe, Part, gated_saved
+from vramlens.estimate.saved_parts import FP32, GATHERED, SEQUENCE, LayerRecipe, Part, gated_saved, plain_saved
+from vramlens.model.components import MlpKind
 
 __all__ = ["expert_bytes", "moe_parts"]
 
@@ -28,7 +29,10 @@ def moe_parts(recipe: LayerRecipe, input_bytes: int) -> list[Part]:
     i = moe.expert_intermediate_size
     c = recipe.moe_capacity
     trained = recipe.train.norms  # experts train only in full fine-tuning (3-D parameters are not LoRA targets)
-    down_input = 1 if trained else 0
+    if moe.expert_kind is MlpKind.PLAIN:  # up -> act -> down (Nemotron-H's relu2 experts)
+        intermediates = plain_saved(moe.activation, down_keeps_input=trained)
+    else:
+        intermediates = gated_saved(moe.activation) + (1 if trained else 0)
     parts = [
         Part(
             name="router probabilities and routing indices",
@@ -37,7 +41,7 @@ def moe_parts(recipe: LayerRecipe, input_bytes: int) -> list[Part]:
         ),
         Part(
             name="experts gate/up outputs and activation",
-            bytes_per_token=(gated_saved(moe.activation) + down_input) * x * i * k * c,
+            bytes_per_token=intermediates * x * i * k * c,
         ),
         Part(name="experts output (weighted by the router)", bytes_per_token=x * h * k * c, split=SEQUENCE),
     ]
@@ -97,8 +101,12 @@ def _shared_expert_parts(recipe: LayerRecipe) -> list[Part]:
     moe = recipe.spec.moe
     assert moe is not None
     a, width = recipe.compute_bytes, moe.shared_intermediate_size
+    down_keeps = any(s.group == "mlp_out" and s.name in recipe.train.needs_input for s in recipe.linears)
+    if moe.shared_kind is MlpKind.PLAIN:  # the activation's output is the down projection's input
+        kept = plain_saved(moe.activation, down_keeps_input=down_keeps)
+        return [Part(name="shared expert activation (and down input)", bytes_per_token=kept * a * width)]
     parts = [Part(name="shared expert activations", bytes_per_token=gated_saved(moe.activation) * a * width)]
-    if any(s.group == "mlp_out" and s.name in recipe.train.needs_input for s in recipe.linears):
+    if down_keeps:
         parts.append(Part(name="shared expert down input", bytes_per_token=a * width))
     if moe.shared_expert_gate:
         # sigmoid(gate(x)) * shared_expert(x) keeps both factors.

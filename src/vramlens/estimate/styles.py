@@ -89,10 +89,10 @@ HF_STYLES: Final[dict[str, HfStyle]] = {
     "gpt_neox": HfStyle(norm=NormStyle.LAYERNORM, out_proj_copy=True, qkv_views=True),
     "falcon": HfStyle(norm=NormStyle.LAYERNORM, eager_softmax_fp32=False, sdpa_mask=True, qkv_views=True),
     "starcoder2": HfStyle(norm=NormStyle.LAYERNORM),
-    "qwen3_next": HfStyle(norm=NormStyle.GEMMA),
+    "qwen3_next": HfStyle(norm=NormStyle.GEMMA, out_proj_copy=True),
     "jamba": HfStyle(),
     "falcon_h1": HfStyle(),
-    "nemotron_h": HfStyle(norm=NormStyle.RMS_FP32_WEIGHT),
+    "nemotron_h": HfStyle(norm=NormStyle.RMS_FP32_WEIGHT, router_fp32=True),
     "granitemoehybrid": HfStyle(),
 }
 
