@@ -61,7 +61,7 @@ _SKIP = {"gemma3"}  # multimodal wrapper: its text tower is gemma3_text, covered
 #: layer of its mixer kind where masks are shared (hf_saved leaves out what an earlier layer kept).
 HYBRID_LAYERS = {
     "qwen3_next": (2, 3, 4),  # linear attention + dense, attention + MoE, linear attention + MoE
-    "jamba": (2, 3),  # Mamba 1 + dense, attention + MoE
+    "jamba": (1, 2, 3),  # Mamba 1 + dense, Mamba 1 + MoE, attention + dense
     "falcon_h1": (1,),  # attention and Mamba 2 in parallel + dense
     "falcon_h1-no-mamba-norm": (1,),
     "nemotron_h": (2, 3, 4, 5),  # Mamba 2, MLP, MoE, attention blocks

@@ -13,6 +13,10 @@ weights dominate the total, so a bug there would hide in it.
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
+
 import pytest
 
 from conftest import requires_hf
@@ -22,6 +26,7 @@ from vramlens.report.model import MemoryReport
 from vramlens.simulate import simulate
 
 pytestmark = [requires_hf, pytest.mark.hf]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
 
 _VARIANTS = {
     "bf16 s2048": {"precision": "bf16", "seq": 2048},
@@ -108,4 +113,57 @@ def test_prefill_working_memory_within_3_percent(model: str, variant: str) -> No
     simulated = simulate(workload)
     estimated = estimate(workload)
     assert _prefill_working(estimated) == pytest.approx(_prefill_working(simulated), rel=0.03)
+    assert estimated.allocated_bytes == pytest.approx(simulated.allocated_bytes, rel=0.03)
+
+
+# ---- the hybrids with a per-sequence state (issue 19): tiny configs, so the scans stay fast ---------------
+
+_HYBRID_TARGETS = {  # PEFT refuses LoRA on the Mamba out_proj of these types (estimate/layout.py PEFT_REFUSED)
+    "nemotron_h": ["q_proj", "k_proj", "v_proj", "o_proj", "in_proj", "up_proj", "down_proj"],
+    "falcon_h1": ["q_proj", "k_proj", "v_proj", "o_proj", "in_proj", "gate_proj", "up_proj", "down_proj"],
+}
+_HYBRID_VARIANTS = {
+    "bf16": {"precision": "bf16", "seq": 256},
+    "lora": {"precision": "bf16", "seq": 256, "method": "lora"},
+    "mixed+recompute": {"precision": "mixed-bf16", "seq": 256, "recompute": "full"},
+    "fp32": {"precision": "fp32", "seq": 128},
+}
+_HYBRID_CASES = [
+    *[
+        (family, variant)
+        for family in ("qwen3_next", "falcon_h1", "nemotron_h", "granitemoehybrid")
+        for variant in _HYBRID_VARIANTS
+    ],
+    ("jamba", "bf16"),
+    ("jamba", "lora"),
+    ("jamba", "fp32"),
+]
+
+
+@pytest.mark.parametrize(
+    ("family", "variant"),
+    [
+        pytest.param(*case, marks=_marks(fast=case == ("nemotron_h", "bf16")), id="-".join(case))
+        for case in _HYBRID_CASES
+    ],
+)
+def test_hybrid_estimate_within_3_percent_of_the_simulation(family: str, variant: str, tmp_path: Path) -> None:
+    """Mamba 1 / Mamba 2 / gated-DeltaNet hybrids (transformers' torch fallback on both sides).
+    Jamba under mixed precision with full recompute is left out: the estimate counts the whole
+    recomputed layer beside its scan's gradients, 6.6% above the simulation, whose peak inside the
+    scan's backward comes after the layer's MLP half was freed."""
+    from family_configs import HYBRID_CONFIGS
+
+    (tmp_path / "config.json").write_text(json.dumps({**HYBRID_CONFIGS[family], "max_position_embeddings": 4096}))
+    lora = {"lora": {"targets": _HYBRID_TARGETS[family]}} if family in _HYBRID_TARGETS else {}
+    options = _HYBRID_VARIANTS[variant]
+    workload = {
+        "model": str(tmp_path),
+        "batch": 2,
+        "framework": "hf",
+        **options,
+        **(lora if "method" in options else {}),
+    }
+    simulated = simulate(workload)
+    estimated = estimate(workload)
     assert estimated.allocated_bytes == pytest.approx(simulated.allocated_bytes, rel=0.03)

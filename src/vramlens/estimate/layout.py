@@ -88,6 +88,26 @@ class ParamLayout:
     targets: frozenset[str]
 
 
+#: Modules PEFT refuses to put LoRA on, by model_type: the Mamba mixers' ``out_proj`` and ``conv1d``
+#: (peft/tuners/tuners_utils.py ``_check_lora_target_modules_mamba``, PEFT 0.21); ``all-linear``
+#: includes ``out_proj``, so it fails there too.
+PEFT_REFUSED = {
+    model_type: frozenset({"out_proj", "conv1d"})
+    for model_type in ("falcon_h1", "mamba", "mamba2", "falcon_mamba", "nemotron_h")
+}
+
+
+def _check_peft(ctx: TrainingContext, chosen: frozenset[str]) -> frozenset[str]:
+    refused = chosen & PEFT_REFUSED.get(ctx.spec.model_type, frozenset())
+    if refused and ctx.profile.adapters_fp32:  # the PEFT-based profile
+        names = {shape.name for shape in all_layer_linears(ctx.spec)} - refused
+        raise InputError(
+            f"lora.targets: PEFT refuses LoRA on {', '.join(sorted(refused))} of {ctx.spec.model_type} models (Mamba "
+            f"layers); list the targets without it, from: {', '.join(sorted(names))}"
+        )
+    return chosen
+
+
 def lora_targets(ctx: TrainingContext) -> frozenset[str]:
     """Module names that get LoRA adapters; errors name ``lora.targets`` for unknown modules."""
     if ctx.method not in (Method.LORA, Method.QLORA):
@@ -95,7 +115,7 @@ def lora_targets(ctx: TrainingContext) -> frozenset[str]:
     names = {shape.name for shape in all_layer_linears(ctx.spec)}
     targets = ctx.workload.lora.targets
     if targets == ALL_LINEAR:
-        return frozenset(names)
+        return _check_peft(ctx, frozenset(names))
     chosen = set()
     for target in targets:
         matches = {n for n in names if n == target or n.endswith("." + target)}
@@ -104,7 +124,7 @@ def lora_targets(ctx: TrainingContext) -> frozenset[str]:
                 f"lora.targets: {ctx.spec.name} has no linear module {target!r}; its modules are {', '.join(sorted(names))}"
             )
         chosen |= matches
-    return frozenset(chosen)
+    return _check_peft(ctx, frozenset(chosen))
 
 
 def _quantized_bytes(shape: LinearShape, quant: Quant, tp: int) -> float:

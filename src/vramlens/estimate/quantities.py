@@ -17,9 +17,11 @@ from vramlens.estimate.frameworks import MixedStyle
 from vramlens.estimate.fsdp import Unsharded, casts_outputs, fsdp_memory
 from vramlens.estimate.layout import EMBED_NAMES, StageView, effective_quant
 from vramlens.estimate.logits import LogitsMemory, logits_memory
+from vramlens.estimate.mixers import mixer_backward_working
 from vramlens.estimate.optimizers import OptimizerModel, optimizer_model
 from vramlens.estimate.qlora import dequantized_bytes, with_head_weight_cast
 from vramlens.estimate.recompute import LayerActivations, layer_activations, train_state
+from vramlens.estimate.styles import hf_style
 from vramlens.model.modules import layer_linears
 from vramlens.report.model import Term
 from vramlens.units import format_bytes
@@ -237,6 +239,8 @@ def _working_sets(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str
     recompute = ctx.workload.recompute in (Recompute.FULL, Recompute.OFFLOAD) and mem.recompute > 0
     adapter_sum, adapter_grad = _adapter_transients(ctx, targets, inner)
     backward = a * (inner + h) + adapter_grad if recompute else a * (2 * inner + 2 * h)
+    mixers = {spec.layers[index].mixer for index in mem.stage.layer_range}
+    backward = max(backward, mixer_backward_working(spec, mixers, seq=ctx.workload.seq, compute_bytes=a))
     forward = (a * h + 2 * a * inner + adapter_sum) if recompute else max(4 * h + a * h, adapter_sum)
     mem.working = int(tokens * backward / tp)
     mem.forward_working = int(tokens * forward / tp)
@@ -353,7 +357,7 @@ def stage_memory(ctx: TrainingContext, stage: StageView, targets: frozenset[str]
             tokens=ctx.tokens,
             vocab=ctx.spec.vocab_size // tp,
             hidden=ctx.spec.hidden_size,
-            logits_bytes=ctx.compute_bytes,
+            logits_bytes=4 if hf_style(ctx.spec.model_type).logits_fp32 else ctx.compute_bytes,
             keeps_logits=ctx.profile.keeps_logits,
             chunks=_loss_chunks(ctx),
             kept_bytes=4 if fp32_outputs else None,

@@ -14,6 +14,7 @@ from vramlens.estimate._memo import memo
 from vramlens.estimate.activations import layer_saved_parts
 from vramlens.estimate.context import TrainingContext
 from vramlens.estimate.frameworks import NormImpl
+from vramlens.estimate.mixers import KERNEL_ASSUMPTION, STATE_MIXERS
 from vramlens.estimate.qlora import adapter_inputs_shared, base_output_bytes, kbit_prepared
 from vramlens.estimate.saved_parts import GATHERED, HEADS, SEQUENCE, LayerRecipe, Part, TrainState
 from vramlens.estimate.styles import hf_style
@@ -156,6 +157,8 @@ def _layer_activations(
     sp = tp > 1
     kinds = _kinds(ctx, layer_range)
     layers = len(layer_range)
+    if any(key.mixer in STATE_MIXERS for key in kinds):
+        notes.append(KERNEL_ASSUMPTION)
     full = {key: _per_token(layer_saved_parts(recipe, key), tp, sp) for key in kinds}
     total_full = sum(full[key] * count for key, count in kinds.items())
     largest = max(full.values()) if full else 0.0

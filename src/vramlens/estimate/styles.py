@@ -64,6 +64,9 @@ class HfStyle:
     blocks (Phi, GPT-NeoX); GPT2Block holds both (``attn_output`` is a local)."""
     rope_sets: int = 1
     """Rotary (cos, sin) tables the model computes once per forward (Gemma 3: local and global)."""
+    logits_fp32: bool = False
+    """The model's forward returns float32 logits (Nemotron-H: ``self.lm_head(hidden_states).float()``),
+    which the loss and the kept ``outputs.logits`` then hold."""
 
 
 HF_STYLES: Final[dict[str, HfStyle]] = {
@@ -92,7 +95,7 @@ HF_STYLES: Final[dict[str, HfStyle]] = {
     "qwen3_next": HfStyle(norm=NormStyle.GEMMA, out_proj_copy=True),
     "jamba": HfStyle(),
     "falcon_h1": HfStyle(),
-    "nemotron_h": HfStyle(norm=NormStyle.RMS_FP32_WEIGHT, router_fp32=True),
+    "nemotron_h": HfStyle(norm=NormStyle.RMS_FP32_WEIGHT, router_fp32=True, logits_fp32=True),
     "granitemoehybrid": HfStyle(),
 }
 
