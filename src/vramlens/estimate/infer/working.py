@@ -32,6 +32,7 @@ import math
 from vramlens.estimate.act_fns import activation_fn
 from vramlens.estimate.infer.engines import sampler_bytes_per_logit
 from vramlens.estimate.infer.kv_cache import kv_heads_per_rank
+from vramlens.estimate.infer.mixer_working import hf_mixer_working_bytes
 from vramlens.estimate.styles import hf_style
 from vramlens.model.components import FfnKind, MlpKind, PositionKind
 from vramlens.model.modules import layer_linears
@@ -185,7 +186,13 @@ def hf_layer_working_bytes(
         mlp = max((_mlp_elements(spec, tokens, tp, moe_layer=moe, fused=False) for moe in kinds), default=0) * c
     mlp += tokens * _held_bytes_per_token(spec, c, mlp=True)
     masks = attention_mask_bytes(spec, attention=attention, batch=batch, seq_q=seq_q, seq_kv=seq_kv, compute_bytes=c)
-    return max(attn, mlp) + masks
+    mixers = {layer.mixer for layer in spec.layers}
+    state = max(
+        (hf_mixer_working_bytes(spec, kind, batch=batch, seq_q=seq_q, compute_bytes=c) for kind in mixers), default=0
+    )
+    if state:  # a Mamba / linear-attention mixer, beside the hidden tensors an attention half holds
+        state += tokens * _held_bytes_per_token(spec, c, mlp=False)
+    return max(attn, mlp, state) + masks
 
 
 def vllm_layer_working_bytes(spec: ModelSpec, *, tokens: int, compute_bytes: int, tp: int = 1) -> int:
