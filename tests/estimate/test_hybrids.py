@@ -66,3 +66,17 @@ def test_the_report_says_which_mamba_implementation_it_models() -> None:
 
     for family in HYBRID_CONFIGS:
         assert KERNEL_ASSUMPTION in _estimate(family).assumptions
+
+
+def test_the_time_model_counts_scans_not_attention_for_state_layers() -> None:
+    from vramlens.estimate.time_flops import attention_core_flops, scan_flops
+
+    spec = parse_config(HYBRID_CONFIGS["nemotron_h"])  # M * M - E *: two attention, two Mamba 2 blocks
+    m = spec.mamba
+    assert m is not None
+    scans = 2 * 6.0 * m.intermediate_size * m.state_size
+    attention_only = attention_core_flops(spec, 0)
+    assert attention_only == scans  # no keys attended at seq 0, only the scans
+    width = spec.attention.num_heads * 2 * spec.attention.head_dim
+    assert attention_core_flops(spec, 1000) == scans + 2 * (2.0 * width * 500)
+    assert scan_flops(spec, spec.layers[1].mixer) == 0.0  # an attention block
