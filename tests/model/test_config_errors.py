@@ -108,8 +108,8 @@ CASES = [
     ),
     (
         "jamba attention offset",
-        {**FAMILY_CONFIGS["jamba"], "attn_layer_offset": 2},
-        "key 'attn_layer_offset' (2) must be smaller than attn_layer_period (2)",
+        {**FAMILY_CONFIGS["jamba"], "attn_layer_offset": 3},
+        "key 'attn_layer_offset' (3) must be smaller than attn_layer_period (3)",
     ),
     (
         "jamba dt rank",
