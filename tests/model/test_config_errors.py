@@ -118,7 +118,7 @@ CASES = [
     ),
     (
         "qwen3_next layer type",
-        {**FAMILY_CONFIGS["qwen3_next"], "layer_types": ["sliding_attention"] * 4},
+        {**FAMILY_CONFIGS["qwen3_next"], "layer_types": ["sliding_attention"] * 5},
         "key 'layer_types' has unsupported sliding_attention; expected linear_attention, full_attention",
     ),
     (
@@ -144,7 +144,7 @@ CASES = [
     (
         "granitemoehybrid layer count",
         {**FAMILY_CONFIGS["granitemoehybrid"], "layer_types": ["mamba"]},
-        "key 'layer_types' has 1 entries for 3 layers",
+        "key 'layer_types' has 1 entries for 4 layers",
     ),
 ]
 
