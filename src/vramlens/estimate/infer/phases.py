@@ -215,6 +215,25 @@ def _hybrid_pages(ctx: InferenceContext, stage: StageWeights) -> HybridPages | N
     )
 
 
+def _vllm_needed(ctx: InferenceContext, stage: StageWeights, per_token: int, notes: list[str]) -> tuple[int, int, str]:
+    """(bytes of the KV blocks ``batch`` sequences of the full context need, bytes of one block
+    number across the pool, the formula): paged attention layers, or vLLM's hybrid page layout."""
+    block = ctx.workload.block_size
+    pages = _hybrid_pages(ctx, stage)
+    if pages is None:
+        block_bytes = per_token * block
+        formula = f"{ctx.batch} x ceil({ctx.context} / {block}) blocks x {format_bytes(block_bytes)} per block"
+        return _kv(ctx, stage, ctx.context, block_size=block), block_bytes, formula
+    blocks_per_sequence = pages.blocks_per_sequence(ctx.context)
+    notes.append(_hybrid_note(pages, block))
+    formula = (
+        f"{ctx.batch} x {blocks_per_sequence} blocks ({len(pages.attention_groups)} attention group(s) x "
+        f"ceil({ctx.context} / {pages.block_size}) + {pages.state_groups} state group(s) x 1) x "
+        f"{format_bytes(pages.block_bytes)} per block ({pages.group_size} layers x {format_bytes(pages.page_bytes)} pages)"
+    )
+    return ctx.batch * blocks_per_sequence * pages.block_bytes, pages.block_bytes, formula
+
+
 def _hybrid_note(pages: HybridPages, requested: int) -> str:
     raised = f" (raised from block_size {requested})" if pages.block_size != requested else ""
     return (
@@ -232,24 +251,9 @@ def vllm_plan(ctx: InferenceContext, stage: StageWeights, capacity: int | None) 
     runtime = _runtime(ctx)
     base = {_C.PARAMETERS: stage.total, _C.OTHER: 0}
     profile = _phase("profile", f"profile run: {what}", base | {_C.ACTIVATIONS: activation})
-    block = workload.block_size
     per_token = _per_token(ctx, stage)
     notes: list[str] = []
-    pages = _hybrid_pages(ctx, stage)
-    if pages is None:
-        needed = _kv(ctx, stage, ctx.context, block_size=block)
-        block_bytes = per_token * block
-        blocks_formula = f"{ctx.batch} x ceil({ctx.context} / {block}) blocks x {format_bytes(block_bytes)} per block"
-    else:
-        blocks_per_sequence = pages.blocks_per_sequence(ctx.context)
-        block_bytes = pages.block_bytes
-        needed = ctx.batch * blocks_per_sequence * block_bytes
-        blocks_formula = (
-            f"{ctx.batch} x {blocks_per_sequence} blocks ({len(pages.attention_groups)} attention group(s) x "
-            f"ceil({ctx.context} / {pages.block_size}) + {pages.state_groups} state group(s) x 1) x "
-            f"{format_bytes(block_bytes)} per block ({pages.group_size} layers x {format_bytes(pages.page_bytes)} pages)"
-        )
-        notes.append(_hybrid_note(pages, block))
+    needed, block_bytes, blocks_formula = _vllm_needed(ctx, stage, per_token, notes)
     per_sequence = needed // ctx.batch
     if capacity is None:
         pool, budget, blocks, concurrent = needed, None, None, None
