@@ -1,10 +1,14 @@
 """Score the estimators against the published measurements in shared/validation.
 
-Run: ``python benchmarks/accuracy.py [--task train|infer] [--worst 10]``. For every usable
-point it builds the workload (``benchmarks/scenarios.py``), estimates it, and compares
-the report level that matches what the point measured (allocated / reserved / device).
-Prints coverage, median and 90th-percentile absolute error, the share of points
-under-estimated by more than 10%, a table per source, and the worst points.
+Run: ``python benchmarks/accuracy.py [--task train|infer|all] [--worst 10] [--calibrate]``. For
+every usable point it builds the workload (``benchmarks/scenarios.py``), estimates it, and
+compares the report level that matches what the point measured (allocated / reserved / device).
+Prints, per level, coverage, median and 90th-percentile absolute error and the share of points
+under-estimated by more than 10%; then the safe figures (``vramlens.estimate.margins``): the
+share of points at or below them and the median margin (safe / point - 1); a table per source
+and the worst points. ``--calibrate`` searches the two calibrated margin fractions
+(``RULES_FRACTION``, ``NOISE_FRACTION``) for the smallest median margin with every level's safe
+figure covering at least 95% of its points, and prints them.
 """
 
 from __future__ import annotations
@@ -35,13 +39,24 @@ class Scored:
     level: str
     reason: str | None
     notes: list[str]
+    safe: int | None = None
 
     @property
     def error(self) -> float | None:
         return None if self.estimate is None else (self.estimate - self.measured) / self.measured
 
+    @property
+    def covered(self) -> bool | None:
+        """The measurement is at or below the safe figure."""
+        return None if self.safe is None else self.measured <= self.safe
 
-def score(task: str = "train") -> list[Scored]:
+    @property
+    def margin(self) -> float | None:
+        """Safe figure over the point estimate, minus one."""
+        return None if self.safe is None or not self.estimate else self.safe / self.estimate - 1
+
+
+def score(task: str = "train", *, unit_margins: bool = False) -> list[Scored]:
     results = []
     for point in load_points(task=task):
         mapped = point_workload(point)
@@ -57,7 +72,17 @@ def score(task: str = "train") -> list[Scored]:
             results.append(Scored(point, None, measured, mapped.level, str(exc), mapped.notes))
             continue
         value = _level_value(report, mapped.level)
-        results.append(Scored(point, value, measured, mapped.level, None, mapped.notes))
+        safe = _safe_value(report, mapped.level, value)
+        if unit_margins and report.safe is not None:  # the two calibrated margins, at fraction 1
+            found = {m.kind: m.bytes for m in report.safe.margins}
+            sharded = getattr(
+                report.workload, "parallel", None
+            ) is not None and report.workload.parallel.shard.value in ("fsdp", "hsdp", "zero3")
+            point = {
+                **point,
+                "_unit_margins": (found["framework rules"], found["data noise"], found["modelled allocator"], sharded),
+            }
+        results.append(Scored(point, value, measured, mapped.level, None, mapped.notes, safe))
     return results
 
 
@@ -69,6 +94,15 @@ def _level_value(report: MemoryReport, level: str) -> int:
     return {"allocated": report.allocated_bytes, "reserved": report.reserved_bytes, "device": report.device_bytes}[
         level
     ]
+
+
+def _safe_value(report: MemoryReport, level: str, point: int) -> int | None:
+    safe = report.safe
+    if safe is None:
+        return None
+    if level == "non_kv":  # the device level's margins on vLLM's logged figure
+        return point + safe.device_bytes - report.device_bytes
+    return {"allocated": safe.allocated_bytes, "reserved": safe.reserved_bytes, "device": safe.device_bytes}[level]
 
 
 def summary(results: list[Scored]) -> dict[str, float]:
@@ -83,6 +117,88 @@ def summary(results: list[Scored]) -> dict[str, float]:
         "p90_ape": p90,
         "under_10pct": sum(1 for r in scored if r.estimate < 0.9 * r.measured) / len(scored) if scored else 0.0,  # type: ignore[operator]
     }
+
+
+def safe_summary(results: list[Scored]) -> dict[str, float]:
+    """Share of scored points at or below the safe figure, and the median margin."""
+    scored = [r for r in results if r.covered is not None]
+    margins = [r.margin for r in scored if r.margin is not None]
+    return {
+        "safe_coverage": sum(1 for r in scored if r.covered) / len(scored) if scored else float("nan"),
+        "median_margin": statistics.median(margins) if margins else float("nan"),
+    }
+
+
+def by_level(results: list[Scored]) -> dict[str, list[Scored]]:
+    """Results grouped by the level they are compared at (vLLM's non-KV figure with device)."""
+    groups: dict[str, list[Scored]] = defaultdict(list)
+    for result in results:
+        groups["device" if result.level == "non_kv" else result.level].append(result)
+    return dict(groups)
+
+
+def _print_levels(results: list[Scored]) -> None:
+    print(
+        f"\n{'level':10s} {'n':>3s} {'cover':>6s} {'median':>7s} {'p90':>7s} {'under10':>8s} {'safe>=':>7s} {'margin':>7s}"
+    )
+    for level in ("allocated", "reserved", "device"):
+        group = by_level(results).get(level, [])
+        if not group:
+            continue
+        stats, safe = summary(group), safe_summary(group)
+        print(
+            f"{level:10s} {stats['scored']:3d} {stats['coverage']:6.0%} {stats['median_ape']:7.1%} {stats['p90_ape']:7.1%} "
+            f"{stats['under_10pct']:8.1%} {safe['safe_coverage']:7.1%} {safe['median_margin']:7.1%}"
+        )
+    total = safe_summary(results)
+    print(
+        f"{'all':10s} {len(results):3d} {'':6s} {'':7s} {'':7s} {'':8s} {total['safe_coverage']:7.1%} {total['median_margin']:7.1%}"
+    )
+
+
+def _with_fractions(results: list[Scored], rules: float, noise: float, allocator: dict[bool, float]) -> list[Scored]:
+    """``results`` (scored with every calibrated factor at 1) with the safe figures those factors
+    give: each margin scales linearly; the device level's own margin does not change."""
+    scaled = []
+    for r in results:
+        if r.safe is None or r.point.get("_unit_margins") is None:
+            scaled.append(r)
+            continue
+        unit_rules, unit_noise, unit_allocator, sharded = r.point["_unit_margins"]
+        safe = r.safe - unit_rules - unit_noise + int(rules * unit_rules) + int(noise * unit_noise)
+        if r.level != "allocated":
+            safe += int((allocator[sharded] - 1) * unit_allocator)
+        scaled.append(Scored(r.point, r.estimate, r.measured, r.level, r.reason, r.notes, safe))
+    return scaled
+
+
+def calibrate() -> tuple[float, float, dict[bool, float], dict[str, float]]:
+    """(RULES_FRACTION, NOISE_FRACTION in whole percents up to 30%, ALLOCATOR_SPREAD_SCALE from
+    1 to 8 for unsharded and sharded runs) with the smallest median margin for which every
+    level's safe figure covers at least 95% of its points."""
+    from vramlens.estimate import margins
+
+    kept = margins.RULES_FRACTION, margins.NOISE_FRACTION, margins.ALLOCATOR_SPREAD_SCALE
+    margins.RULES_FRACTION, margins.NOISE_FRACTION = 1.0, 1.0  # type: ignore[misc]
+    margins.ALLOCATOR_SPREAD_SCALE = {False: 1.0, True: 1.0}  # type: ignore[misc]
+    try:
+        results = score("train", unit_margins=True) + score("infer", unit_margins=True)
+    finally:
+        margins.RULES_FRACTION, margins.NOISE_FRACTION, margins.ALLOCATOR_SPREAD_SCALE = kept  # type: ignore[misc]
+    best: tuple[float, float, dict[bool, float], dict[str, float]] | None = None
+    steps = (1, 1.5, 2, 3, 4, 6, 8)
+    for scale in ({False: a, True: b} for a in steps for b in steps):
+        for rules in range(31):
+            for noise in range(31):
+                trial = _with_fractions(results, rules / 100, noise / 100, scale)
+                if all(safe_summary(group)["safe_coverage"] >= 0.95 for group in by_level(trial).values()):
+                    total = safe_summary(trial)
+                    if best is None or total["median_margin"] < best[3]["median_margin"]:
+                        best = (rules / 100, noise / 100, scale, total)
+                    break  # more noise only widens the margin
+    if best is None:
+        raise SystemExit("no factors cover 95% of every level")
+    return best
 
 
 def caveats(point: dict) -> list[str]:
@@ -135,15 +251,24 @@ def _print_worst(results: list[Scored], count: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--task", default="train")
+    parser.add_argument("--task", default="all", choices=("train", "infer", "all"))
     parser.add_argument("--worst", type=int, default=12)
+    parser.add_argument("--calibrate", action="store_true")
     args = parser.parse_args()
-    results = score(args.task)
+    if args.calibrate:
+        rules, noise, scale, total = calibrate()
+        print(
+            f"RULES_FRACTION = {rules:.2f}, NOISE_FRACTION = {noise:.2f}, ALLOCATOR_SPREAD_SCALE = {scale}: "
+            f"safe figure covers {total['safe_coverage']:.1%} of all points, median margin {total['median_margin']:.1%}"
+        )
+        return
+    results = score("train") + score("infer") if args.task == "all" else score(args.task)
     stats = summary(results)
     print(
         f"{args.task}: {stats['scored']}/{stats['points']} usable points scored (coverage {stats['coverage']:.0%}); "
         f"median |error| {stats['median_ape']:.1%}, p90 {stats['p90_ape']:.1%}, under-estimated by >10%: {stats['under_10pct']:.1%}"
     )
+    _print_levels(results)
     _print_sources(results)
     _print_worst(results, args.worst)
 

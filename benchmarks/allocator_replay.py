@@ -1,4 +1,4 @@
-"""Speed of the caching-allocator replay (``vramlens.simulate.allocator.replay``).
+"""Speed of the caching-allocator replay (``vramlens.allocator.replay``).
 
 Run: ``python benchmarks/allocator_replay.py [--events 1000000] [--seed 0]``. Prints figures; it
 is not a pass/fail test. Issue "Allocator replay" target: 10^6 events in <= 5 s on a 2-core
@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from vramlens.simulate.allocator import AllocatorSettings, replay
+from vramlens.allocator import AllocatorSettings, replay
 
 MIB = 1 << 20
 SETTINGS = (

@@ -11,6 +11,7 @@ it has no profile for) are returned as notes, and listed by the benchmark.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -179,6 +180,23 @@ def _hf_fsdp_version(point: dict[str, Any], workload: dict[str, Any], notes: lis
         notes.append("HF Trainer before transformers 5: FSDP1 (embedding and head in the root unit)")
 
 
+_SOFTWARE = {
+    "transformers": r"transformers\s+v?(\d+\.\d+(?:\.\d+)?)",
+    "torch": r"(?:pytorch|torch)\s+v?(\d+\.\d+(?:\.\d+)?)",
+}
+
+
+def software_versions(point: dict[str, Any]) -> dict[str, str]:
+    """Library versions a point's ``software`` text names (the workload's ``versions``)."""
+    text = (point.get("software") or "").lower()
+    found = {}
+    for package, pattern in _SOFTWARE.items():
+        match = re.search(pattern, text)
+        if match:
+            found[package] = match.group(1)
+    return found
+
+
 def _optimizer_impl(point: dict[str, Any]) -> str | None:
     """The AdamW implementation a point's optimizer text names, where it names one.
 
@@ -226,6 +244,7 @@ def inference_workload(point: dict[str, Any]) -> Mapped:
     if engine == "vllm" and "max_num_batched_tokens" in " ".join(point.get("assumptions") or []):
         workload["max_num_batched_tokens"] = point["seq_len"]
         notes.append(f"vLLM profile over max_num_batched_tokens {point['seq_len']} (from the point's assumptions)")
+    workload["versions"] = software_versions(point)
     return Mapped(workload=workload, level=level, notes=notes)
 
 
@@ -309,4 +328,5 @@ def point_workload(point: dict[str, Any]) -> Mapped:
         return Mapped(workload=None, level=level, skip_reason=reason)
     if point["framework"] == "forgather":
         notes.append("forgather (HF-style trainer and modules) estimated with the hf profile")
+    workload["versions"] = software_versions(point)
     return Mapped(workload=workload, level=level, notes=notes)

@@ -17,6 +17,16 @@ HAVE_TRANSFORMERS = (
 
 requires_hf = pytest.mark.skipif(not HAVE_TRANSFORMERS, reason="needs the [hf] extra (transformers + torch)")
 
+
+@pytest.fixture(autouse=True, scope="session")
+def _recipe_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Recipes derived by tests go to a temporary cache, never the user's ~/.cache (subprocesses
+    started by tests inherit it)."""
+    import os
+
+    os.environ["VRAMLENS_CACHE_DIR"] = str(tmp_path_factory.mktemp("vramlens-cache"))
+
+
 #: Bits per element of safetensors dtypes, written independently of vramlens' table.
 _ST_BITS = {
     "F64": 64,

@@ -196,7 +196,7 @@ def test_json_with_flags_equals_the_same_workload_in_process(capsys: pytest.Capt
     assert_contract(data)
     assert_invariants(data)
     assert isinstance(data["fits"], bool)
-    assert data["headroom_bytes"] == data["gpu"]["capacity_bytes"] - data["peak"]["device_bytes"]
+    assert data["headroom_bytes"] == data["gpu"]["capacity_bytes"] - data["safe"]["device_bytes"]
     assert data["workload"]["lora"]["rank"] == 8 and data["workload"]["parallel"]["gpus"] == 8
 
 

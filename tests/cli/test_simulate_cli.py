@@ -57,7 +57,7 @@ def test_compare_json_has_both_engines(config_path: str, capsys: pytest.CaptureF
 @pytest.mark.parametrize(
     ("args", "start"),
     [
-        (["--alloc-conf", "bogus:1"], "error: --alloc-conf: "),
+        (["--alloc-conf", "bogus:1"], "error: alloc_conf: "),
         (["--mode", "infer", "--engine", "vllm", "--prompt", "8", "--generate", "4"], "error: engine: "),
         (["--steps", "0"], "error: "),
     ],

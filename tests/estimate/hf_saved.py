@@ -2,10 +2,14 @@
 of a real transformers model, on CPU.
 
 "Where am I" comes from forward hooks on the decoder layer; "what was saved" from
-``torch.autograd.graph.saved_tensors_hooks``. A saved tensor is counted once per
-storage that backward still holds at the end of the forward; parameters, and storages an earlier layer also saved (rotary tables and
-attention masks shared by all layers, or by all attention layers of a hybrid), are left
-out, as vramlens counts those outside the layers. Needs the [hf] extra; imported by tests only.
+``torch.autograd.graph.saved_tensors_hooks``. Only tensors still held after the forward
+count: a node whose outputs nobody uses (the discarded values of a ``topk`` in a router, the
+delta rule's final state when no cache asks for it) is freed with what it saved, and its
+storage's address can be reused by a later tensor, so addresses are read only once the
+forward is over (weak references to the packed tensors). A saved tensor is counted once per
+storage; parameters, and storages another layer also saved (rotary tables and attention masks
+shared by all layers, or by all attention layers of a hybrid), are left out, as vramlens counts
+those outside the layers. Needs the [hf] extra; imported by tests only.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import warnings
+import weakref
 from typing import Any
 
 
@@ -27,17 +32,23 @@ def _build(config: dict[str, Any], dtype: Any, attention: str) -> Any:
     # "Finalize"): no DynamicCache in the training forward. With a cache, keys and values are
     # its concatenated copies, which changes what fused-qkv families keep.
     hf_config.use_cache = False
+    image_text = transformers.models.auto.modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+    auto = transformers.AutoModelForImageTextToText if model_type in image_text else transformers.AutoModelForCausalLM
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = transformers.AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
+        model = auto.from_config(hf_config, dtype=dtype)
     model.train()
     return model
 
 
 def _decoder_layers(model: Any) -> Any:
-    for name, module in model.named_modules():
-        if name.endswith("layers") or name.endswith(".h"):
+    """The text decoder's layer list (a multimodal model's vision encoder has one too)."""
+    found = [(name, module) for name, module in model.named_modules() if name.endswith("layers") or name.endswith(".h")]
+    for name, module in found:
+        if "language_model" in name:
             return module
+    if found:
+        return found[0][1]
     raise LookupError("no decoder layer list found")
 
 
@@ -76,8 +87,7 @@ def _layer_saved_bytes(
     torch.manual_seed(0)
     model = _build(config, getattr(torch, dtype), attention)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    # layer -> (storage address, bytes, weak reference to the storage) of every packed tensor
-    saved: dict[int, list[tuple[int, int, int]]] = {}
+    packed: list[tuple[int, Any]] = []
     current: list[int | None] = [None]
     layers = _decoder_layers(model)
     for index, module in enumerate(layers):
@@ -85,12 +95,11 @@ def _layer_saved_bytes(
         module.register_forward_hook(lambda _m, _a, _o: current.__setitem__(0, None))
 
     def pack(tensor: Any) -> Any:
-        storage = tensor.untyped_storage()
-        if current[0] is not None and storage.data_ptr() not in params:
-            saved.setdefault(current[0], []).append((storage.data_ptr(), storage.nbytes(), storage._weak_ref()))
+        if current[0] is not None:
+            packed.append((current[0], weakref.ref(tensor)))
         return tensor
 
-    ids = torch.randint(0, model.config.vocab_size, (batch, seq))
+    ids = torch.randint(0, model.config.get_text_config().vocab_size, (batch, seq))
     inputs: dict[str, Any] = {"input_ids": ids}
     if frozen:
         for parameter in model.parameters():
@@ -100,14 +109,14 @@ def _layer_saved_bytes(
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), amp:
         output = model(**inputs)
     gc.collect()
-    # Only what backward will read: a branch whose result is dropped (the delta rule's final state
-    # when no cache asks for it) frees its saved tensors, and their addresses may be reused.
-    expired = torch.UntypedStorage._expired
-    kept = {index: {ptr: size for ptr, size, ref in packed if not expired(ref)} for index, packed in saved.items()}
-    for packed in saved.values():
-        for _, _, ref in packed:
-            torch.UntypedStorage._free_weak_ref(ref)
+    saved: dict[int, dict[int, int]] = {}
+    for index, ref in packed:
+        tensor = ref()
+        if tensor is not None and tensor.untyped_storage().data_ptr() not in params:
+            storage = tensor.untyped_storage()
+            saved.setdefault(index, {})[storage.data_ptr()] = storage.nbytes()
     del output
-    shared = {ptr for earlier in range(layer) for ptr in kept.get(earlier, {})}
-    own = {ptr: size for ptr, size in kept[layer].items() if ptr not in shared}
+    # Storages another layer saved too are shared (by all layers, or by all attention layers of a hybrid).
+    shared = {ptr for other, storages in saved.items() if other != layer for ptr in storages}
+    own = {ptr: size for ptr, size in saved[layer].items() if ptr not in shared}
     return sum(own.values())

@@ -30,7 +30,7 @@ from conftest import requires_hf
 from vramlens.estimate.activations import layer_saved_parts
 from vramlens.estimate.context import resolve_training
 from vramlens.estimate.layout import lora_targets
-from vramlens.estimate.recompute import _recipe, train_state
+from vramlens.estimate.recompute import _recipe, layer_kind, train_state
 from vramlens.estimate.saved_parts import TrainState
 from vramlens.model.resolve import model_from_config
 from vramlens.model.spec import LayerKind
@@ -54,11 +54,31 @@ _CONFIGS = {
     "llama-relu": {**FAMILY_CONFIGS["llama"], "hidden_act": "relu"},
     "llama-gelu-new": {**FAMILY_CONFIGS["llama"], "hidden_act": "gelu_new"},
 }
-_EAGER_ONLY = {"falcon-mqa", "deepseek_v2", "deepseek_v3", "gemma2"}
-_MOE = {"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3"}
-_SKIP = {"gemma3"}  # multimodal wrapper: its text tower is gemma3_text, covered below
+# gpt-oss: transformers refuses SDPA (attention sinks); eager is its default.
+_EAGER_ONLY = {"falcon-mqa", "deepseek_v2", "deepseek_v3", "gemma2", "gpt_oss", "gpt_oss-layer-types"}
+_MOE = {
+    "mixtral",
+    "qwen2_moe",
+    "qwen3_moe",
+    "deepseek_v2",
+    "deepseek_v3",
+    "olmoe",
+    "olmoe-clip-norm-topk",
+    "qwen3_vl_moe",
+}
+_SKIP = {"gemma3", "llama4"}  # multimodal wrappers whose text decoders are covered on their own
+#: Decoder layers compared, one of each kind the config has (default: layer 1).
+_LAYERS = {
+    "gpt_oss": (1, 2),  # full, sliding
+    "gpt_oss-layer-types": (1, 3),  # sliding, full
+    "smollm3-nope-sliding": (1, 2),  # NoPE sliding, RoPE full
+    "smollm3": (2, 3),  # RoPE, NoPE
+    "cohere2": (1, 3),  # sliding with RoPE, full NoPE
+    "glm4_moe": (0, 1),  # dense, MoE
+    "glm4_moe-two-shared": (1, 2),  # dense, MoE
+}
 #: The layers checked in the hybrid families: one of each (mixer, FFN) kind, each after an earlier
-#: layer of its mixer kind where masks are shared (hf_saved leaves out what an earlier layer kept).
+#: layer of its mixer kind where masks are shared (hf_saved leaves out what another layer kept).
 HYBRID_LAYERS = {
     "qwen3_next": (2, 3, 4),  # linear attention + dense, attention + MoE, linear attention + MoE
     "jamba": (1, 2, 3),  # Mamba 1 + dense, Mamba 1 + MoE, attention + dense
@@ -78,7 +98,7 @@ def _cases() -> list[object]:
             for attention in ("sdpa", "eager"):
                 if attention == "sdpa" and family in _EAGER_ONLY:
                     continue
-                for layer in HYBRID_LAYERS.get(family, (1,)):
+                for layer in HYBRID_LAYERS.get(family) or _LAYERS.get(family, (1,)):
                     # The hybrids' scans are slow on CPU: their bf16 SDPA case stays in the fast suite.
                     slow = family in HYBRID_LAYERS and (precision, attention) != ("bf16", "sdpa")
                     marks = (pytest.mark.slow,) if slow else ()
@@ -94,9 +114,7 @@ def estimated_per_token(config: dict, *, precision: str, attention: str, layer: 
     )
     ctx = resolve_training(spec, workload)
     recipe = _recipe(ctx, train_state(ctx, lora_targets(ctx)), [])
-    spec_layer = spec.layers[layer]
-    sliding = spec_layer.window is not None and spec_layer.window < _SEQ
-    kind = LayerKind(mixer=spec_layer.mixer, ffn=spec_layer.ffn, sliding=sliding)
+    kind = layer_kind(spec.layers[layer], _SEQ)
     return sum(part.bytes_per_token for part in layer_saved_parts(recipe, kind))
 
 
@@ -116,6 +134,24 @@ def test_layer_recipe_matches_autograd(family: str, precision: str, attention: s
     truth = layer_saved_bytes_per_token(config, dtype=dtype, attention=attention, seq=_SEQ, layer=layer)
     ours = estimated_per_token(config, precision=precision, attention=attention, layer=layer)
     assert ours == pytest.approx(truth, rel=_tolerance(family, precision, layer), abs=0.5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["llama4_text", "llama4"])
+@pytest.mark.parametrize("layer", [0, 1, 2, 3])
+@pytest.mark.parametrize(("precision", "attention"), [("bf16", "sdpa"), ("bf16", "eager"), ("fp32", "sdpa")])
+def test_llama4_layer_kinds_match_autograd(family: str, layer: int, precision: str, attention: str) -> None:
+    """Every Llama 4 layer kind, exactly: dense and MoE (all experts on every token, sigmoid
+    router, shared expert), rotary layers with chunked attention (masked: the chunk of 16 is
+    shorter than the 64 tokens) and the q/k L2 norm, the NoPE layer with full attention and
+    temperature-tuned queries; the multimodal wrapper runs the same text layers."""
+    from hf_saved import layer_saved_bytes_per_token
+
+    dtype = {"bf16": "bfloat16", "fp32": "float32"}[precision]
+    config = _CONFIGS[family]
+    truth = layer_saved_bytes_per_token(config, dtype=dtype, attention=attention, seq=_SEQ, layer=layer)
+    ours = estimated_per_token(config, precision=precision, attention=attention, layer=layer)
+    assert ours == truth
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
@@ -148,7 +184,7 @@ def test_dropout_masks_are_one_byte_per_element_on_cuda() -> None:
     assert cpu[True] - cpu[False] == ours[True] - ours[False] + 3 * mask_elements
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "gemma", "qwen3", "smollm3-nope-sliding", "cohere2"])
 def test_autocast_recipe_matches_autograd(family: str) -> None:
     """Mixed precision (fp32 weights under bf16 autocast): the residual stream is fp32 and every
     RMSNorm returns fp32 (Gemma's ``output.type_as(x)`` too), so each projection after a norm
@@ -160,7 +196,7 @@ def test_autocast_recipe_matches_autograd(family: str) -> None:
     assert estimated_per_token(config, precision="mixed-bf16", attention="sdpa") == pytest.approx(truth, abs=0.5)
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3"])
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "olmoe", "glm4_moe", "gpt_oss"])
 def test_autocast_moe_recipe_matches_autograd(family: str) -> None:
     """Mixed precision on an MoE layer: transformers' experts multiply with ``grouped_mm`` in
     their fp32 weights' dtype (not autocast's bf16), and each linear reading the block's fp32

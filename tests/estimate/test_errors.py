@@ -271,7 +271,7 @@ def check_report(report: MemoryReport, gpu: str | None) -> None:
     capacity = resolve_gpu(gpu).memory_bytes
     assert report.capacity_bytes == capacity > 0
     assert isinstance(report.fits, bool)
-    assert report.headroom_bytes == capacity - report.device_bytes
+    assert report.headroom_bytes == capacity - report.fit_bytes  # the safe device figure (margins.py)
     assert report.fits is (report.headroom_bytes >= 0)
 
 

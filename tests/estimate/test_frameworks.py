@@ -45,7 +45,6 @@ def test_every_training_framework_has_a_sourced_profile(framework: Framework) ->
     assert profile.name is framework
     assert note is None
     assert profile.source.strip() and profile.description.strip()
-    assert 0 < profile.fragmentation < 1
     assert profile.chunked_loss_chunks >= 1
 
 
@@ -129,3 +128,18 @@ def test_litgpt_chunks_are_128_tokens() -> None:
 def test_explicit_loss_overrides_the_profile() -> None:
     assert _logits(_report(framework="megatron", loss="full")) == TOKENS * 10 * V
     assert _logits(_report(framework="hf", loss="fused-linear")) == TOKENS * 10 * H
+
+
+def test_torchtune_per_layer_compile_still_frees_gradients_layer_by_layer() -> None:
+    """torchtune's ``training.compile_model`` compiles each transformer layer on its own, so with
+    ``optimizer_in_backward`` each layer's gradients are stepped and freed as they come even under
+    compile (no optimizer_step phase); a whole-model compile (hf) returns them all at once."""
+    from vramlens.estimate import estimate
+
+    workload = {"model": "llama-3.2-1b", "batch": 1, "seq": 512, "optimizer_in_backward": True, "compile": True}
+    tune = estimate({**workload, "framework": "torchtune", "precision": "bf16"})
+    hf = estimate({**workload, "framework": "hf", "precision": "bf16"})
+    assert [p.name for p in tune.phases] == ["forward", "backward"]
+    assert [p.name for p in hf.phases] == ["forward", "backward", "optimizer_step"]
+    assert any("compiles each layer on its own" in note for note in tune.assumptions)
+    assert FRAMEWORKS[Framework.TORCHTUNE].compiles_per_layer and not FRAMEWORKS[Framework.HF].compiles_per_layer

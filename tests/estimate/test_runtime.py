@@ -1,71 +1,89 @@
-"""Reserved and device levels (``vramlens.estimate.runtime``) by hand.
+"""The device level from its parts (``vramlens.estimate.runtime``), by hand.
 
 What is checked, and where the expected numbers come from:
 
-* the constants are the values the module docstring gives: CUDA context 512 MiB,
-  NCCL communicators 768 MiB, cuBLAS workspace 32 MiB (1 MiB = 2**20 B);
-* allocator slack = the framework's ``fragmentation`` x the allocated peak, truncated to
-  whole bytes (``FrameworkProfile.fragmentation``: reserved = allocated x (1 + f));
-* device = reserved + CUDA context (+ NCCL when more than one GPU takes part) + paged
-  optimizer state (CUDA unified memory, seen by nvidia-smi but not by the allocator);
-* the cuBLAS workspace comes from PyTorch's caching allocator, so it is in every
-  phase's allocated bytes.
+* each constant is the value its cited source gives: CUDA context 512 MiB (lazy module loading),
+  1000 MiB eager; NCCL 544 MiB for a 2-rank communicator and 688 MiB for a larger one
+  (NVIDIA/nccl#964), 3.28 GB (= 3359 MiB) for all-to-all (NVIDIA/nccl#1685); the cuBLAS workspace
+  32 MiB (``:4096:8``); 1 MiB = 2**20 B;
+* one communicator per parallel group with more than one rank, one 2-rank group per pipeline
+  neighbour;
+* device = reserved + CUDA context + NCCL + paged optimizer state (CUDA unified memory, seen by
+  nvidia-smi but not by the allocator);
+* the cuBLAS workspace comes from PyTorch's caching allocator, so it is in every phase's
+  allocated bytes.
 """
 
 from __future__ import annotations
-
-import math
 
 import pytest
 
 from vramlens.categories import Category
 from vramlens.estimate import estimate
-from vramlens.estimate.frameworks import FRAMEWORKS
 from vramlens.estimate.runtime import (
     CUBLAS_WORKSPACE_BYTES,
     CUDA_CONTEXT_BYTES,
-    NCCL_BYTES,
-    runtime_memory,
+    CUDA_CONTEXT_EAGER_BYTES,
+    NCCL_ALL_TO_ALL_BYTES,
+    NCCL_PAIR_BYTES,
+    NCCL_RING_BYTES,
+    RUNTIME_CONSTANTS,
+    communicators,
+    runtime_parts,
 )
 from vramlens.model.resolve import load_model
 from vramlens.report.model import MemoryReport
-from vramlens.workload.options import Framework
+from vramlens.workload.options import Shard
+from vramlens.workload.spec import Parallelism
 
 _MIB = 1024 * 1024
 
 
 def test_constants_are_the_documented_values() -> None:
     assert CUDA_CONTEXT_BYTES == 512 * _MIB == 536_870_912
-    assert NCCL_BYTES == 768 * _MIB == 805_306_368
-    assert CUBLAS_WORKSPACE_BYTES == 32 * _MIB == 33_554_432
+    assert CUDA_CONTEXT_EAGER_BYTES == 1000 * _MIB
+    assert NCCL_PAIR_BYTES == 544 * _MIB
+    assert NCCL_RING_BYTES == 688 * _MIB
+    assert NCCL_ALL_TO_ALL_BYTES == 3359 * _MIB  # round(3.28 x 1024) MiB
+    assert CUBLAS_WORKSPACE_BYTES == 4096 * 1024 * 8 == 33_554_432
 
 
-def test_single_gpu_runtime_is_the_cuda_context() -> None:
-    runtime = runtime_memory(10**9, fragmentation=0.08, gpus=1)
-    assert runtime.allocator_slack == 80_000_000  # 0.08 x 1e9
-    assert runtime.runtime == {"cuda_context": 512 * _MIB}
-    assert runtime.runtime_bytes == 536_870_912
+def test_every_constant_names_its_source() -> None:
+    for constant in RUNTIME_CONSTANTS.values():
+        assert constant.bytes > 0
+        assert any(mark in constant.source for mark in ("#", ".cpp")), constant.name
 
 
-def test_more_gpus_add_nccl_buffers() -> None:
-    runtime = runtime_memory(10**9, fragmentation=0.1, gpus=2)
-    assert runtime.allocator_slack == 100_000_000
-    assert runtime.runtime == {"cuda_context": 512 * _MIB, "nccl": 768 * _MIB}
-    assert runtime.runtime_bytes == (512 + 768) * _MIB == 1_342_177_280
+def test_one_gpu_has_no_communicator() -> None:
+    assert communicators(Parallelism()) == []
+    assert runtime_parts(Parallelism()) == {"cuda_context": 512 * _MIB}
 
 
-def test_paged_bytes_are_device_level_only() -> None:
-    runtime = runtime_memory(10**9, fragmentation=0.0, gpus=1, paged_bytes=123_456_789)
-    assert runtime.allocator_slack == 0
-    assert runtime.runtime_bytes == 512 * _MIB + 123_456_789
+@pytest.mark.parametrize(
+    ("parallel", "expected"),
+    [
+        (Parallelism(gpus=2, shard=Shard.DDP), [("data", 2, 544 * _MIB)]),
+        (Parallelism(gpus=8, shard=Shard.FSDP), [("data", 8, 688 * _MIB)]),
+        (Parallelism(gpus=8, shard=Shard.FSDP, tp=2), [("data", 4, 688 * _MIB), ("tensor", 2, 544 * _MIB)]),
+        (
+            Parallelism(gpus=16, shard=Shard.HSDP, shard_degree=8),
+            [("shard", 8, 688 * _MIB), ("replicate", 2, 544 * _MIB)],
+        ),
+        (
+            Parallelism(gpus=8, shard=Shard.FSDP, pp=4),
+            [("data", 2, 544 * _MIB), ("pipeline 1", 2, 544 * _MIB), ("pipeline 2", 2, 544 * _MIB)],
+        ),
+        (Parallelism(gpus=8, shard=Shard.FSDP, ep=8), [("data", 8, 688 * _MIB), ("expert", 8, 3359 * _MIB)]),
+    ],
+)
+def test_communicators_per_group(parallel: Parallelism, expected: list[tuple[str, int, int]]) -> None:
+    assert communicators(parallel) == expected
+    assert runtime_parts(parallel)["nccl"] == sum(nbytes for _, _, nbytes in expected)
 
 
-@pytest.mark.parametrize(("allocated", "fragmentation"), [(999, 0.1), (12_345_678_901, 0.08), (7, 0.05)])
-def test_slack_is_truncated_to_whole_bytes(allocated: int, fragmentation: float) -> None:
-    # 999 x 0.1 = 99.9 -> 99; 12,345,678,901 x 0.08 = 987,654,312.08 -> 987,654,312; 7 x 0.05 = 0.35 -> 0.
-    expected = {999: 99, 12_345_678_901: 987_654_312, 7: 0}[allocated]
-    assert runtime_memory(allocated, fragmentation=fragmentation, gpus=1).allocator_slack == expected
-    assert expected == math.floor(allocated * fragmentation)
+def test_paged_bytes_and_eager_modules() -> None:
+    parts = runtime_parts(Parallelism(), paged_bytes=123_456_789, eager_modules=True)
+    assert parts == {"cuda_context": 1000 * _MIB, "paged_optimizer_state": 123_456_789}
 
 
 # ---- through estimate(): a small model ---------------------------------------------------------
@@ -78,9 +96,6 @@ def _report(**overrides: object) -> MemoryReport:
 
 def test_levels_on_one_gpu() -> None:
     report = _report()
-    fragmentation = FRAMEWORKS[Framework.HF].fragmentation
-    assert fragmentation == 0.08
-    assert report.reserved_bytes - report.allocated_bytes == int(report.allocated_bytes * 0.08)
     assert report.device_bytes - report.reserved_bytes == 512 * _MIB
     assert report.device_bytes > report.reserved_bytes > report.allocated_bytes
     assert dict(report.runtime) == {"cuda_context": 512 * _MIB}
@@ -88,15 +103,8 @@ def test_levels_on_one_gpu() -> None:
 
 def test_levels_on_eight_gpus() -> None:
     report = _report(parallel={"gpus": 8, "shard": "ddp"})
-    assert report.reserved_bytes - report.allocated_bytes == int(report.allocated_bytes * 0.08)
-    assert report.device_bytes - report.reserved_bytes == (512 + 768) * _MIB
-    assert report.device_bytes > report.reserved_bytes > report.allocated_bytes
-    assert dict(report.runtime) == {"cuda_context": 512 * _MIB, "nccl": 768 * _MIB}
-
-
-def test_framework_fragmentation_sets_the_slack() -> None:
-    report = _report(framework="torchtitan")
-    assert report.reserved_bytes - report.allocated_bytes == int(report.allocated_bytes * 0.10)
+    assert report.device_bytes - report.reserved_bytes == (512 + 688) * _MIB
+    assert dict(report.runtime) == {"cuda_context": 512 * _MIB, "nccl": 688 * _MIB}
 
 
 def test_cublas_workspace_is_allocated_in_every_phase() -> None:

@@ -144,6 +144,74 @@ FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
         n_group=2,
         topk_group=1,
     ),
+    "gpt_oss": _cfg(
+        "gpt_oss",
+        intermediate_size=32,
+        head_dim=16,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        sliding_window=16,
+    ),
+    "gpt_oss-layer-types": _cfg(
+        "gpt_oss",
+        num_hidden_layers=4,
+        intermediate_size=48,
+        num_key_value_heads=1,
+        num_experts=8,
+        num_experts_per_tok=3,
+        sliding_window=8,
+        attention_bias=False,
+        layer_types=["full_attention", "sliding_attention", "sliding_attention", "full_attention"],
+    ),
+    "olmoe": _cfg("olmoe", intermediate_size=32, num_experts=4, num_experts_per_tok=2, pad_token_id=0, eos_token_id=0),
+    "olmoe-clip-norm-topk": _cfg(
+        "olmoe",
+        intermediate_size=24,
+        num_key_value_heads=4,
+        num_experts=8,
+        num_experts_per_tok=2,
+        clip_qkv=8.0,
+        norm_topk_prob=True,
+        attention_bias=True,
+        pad_token_id=0,
+        eos_token_id=0,
+    ),
+    "smollm3": _cfg("smollm3", num_hidden_layers=4, pad_token_id=0, bos_token_id=0, eos_token_id=0),
+    "smollm3-nope-sliding": _cfg(
+        "smollm3",
+        num_hidden_layers=4,
+        no_rope_layers=[1, 0, 1, 0],
+        use_sliding_window=True,
+        sliding_window=16,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        bos_token_id=0,
+        eos_token_id=0,
+    ),
+    "cohere2": _cfg("cohere2", num_hidden_layers=4, sliding_window=16, pad_token_id=0, bos_token_id=0, eos_token_id=0),
+    "glm4_moe": _cfg(
+        "glm4_moe",
+        head_dim=32,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=24,
+        n_shared_experts=1,
+        first_k_dense_replace=1,
+        attention_bias=True,
+        use_qk_norm=True,
+        n_group=2,
+        topk_group=1,
+    ),
+    "glm4_moe-two-shared": _cfg(
+        "glm4_moe",
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=16,
+        n_shared_experts=2,
+        first_k_dense_replace=2,
+        partial_rotary_factor=0.25,
+        num_nextn_predict_layers=1,
+    ),
 }
 
 #: Legacy custom-code Falcon configs and the native keys transformers reads for them.
@@ -172,6 +240,108 @@ def native_falcon(config: dict[str, Any]) -> dict[str, Any]:
         native["new_decoder_architecture"] = True
         native["num_kv_heads"] = config.get("n_head_kv", config["n_head"])
     return native
+
+
+# ---- multimodal and nested-config families (issue 19, F2) -------------------------------------
+
+_LLAMA4_TEXT: dict[str, Any] = _cfg(
+    "llama4_text",
+    intermediate_size=32,
+    intermediate_size_mlp=96,
+    num_hidden_layers=4,
+    head_dim=16,
+    num_local_experts=4,
+    num_experts_per_tok=1,
+    interleave_moe_layer_step=2,
+    attention_chunk_size=16,
+)
+_PIXTRAL: dict[str, Any] = {
+    "model_type": "pixtral",
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "image_size": 56,
+    "patch_size": 14,
+    "head_dim": 8,
+}
+_QWEN_VISION: dict[str, Any] = {"depth": 2, "hidden_size": 32, "intermediate_size": 48, "num_heads": 4}
+
+MULTIMODAL_CONFIGS: dict[str, dict[str, Any]] = {
+    "llama4_text": _LLAMA4_TEXT,
+    "llama4": {
+        "model_type": "llama4",
+        "torch_dtype": "bfloat16",
+        "text_config": _LLAMA4_TEXT,
+        "vision_config": {
+            "model_type": "llama4_vision_model",
+            "hidden_size": 32,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "image_size": 28,
+            "patch_size": 14,
+            "projector_input_dim": 64,
+            "projector_output_dim": 64,
+            "vision_output_dim": 64,
+            "pixel_shuffle_ratio": 0.5,
+        },
+    },
+    "qwen2_5_vl": {
+        "model_type": "qwen2_5_vl",
+        "torch_dtype": "bfloat16",
+        "text_config": _cfg("qwen2_5_vl_text", rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}),
+        "vision_config": {**_QWEN_VISION, "out_hidden_size": 64, "fullatt_block_indexes": [1], "window_size": 28},
+    },
+    "qwen2_5_vl-flat-tied-sliding": {
+        **_cfg(
+            "qwen2_5_vl",
+            tie_word_embeddings=True,
+            use_sliding_window=True,
+            sliding_window=16,
+            max_window_layers=1,
+            rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
+        ),
+        "vision_config": {**_QWEN_VISION, "out_hidden_size": 64, "in_chans": 3, "spatial_patch_size": 14},
+    },
+    "qwen3_vl": {
+        "model_type": "qwen3_vl",
+        "torch_dtype": "bfloat16",
+        "tie_word_embeddings": True,
+        "text_config": _cfg("qwen3_vl_text", head_dim=32),
+        "vision_config": {**_QWEN_VISION, "out_hidden_size": 64, "deepstack_visual_indexes": [0, 1]},
+    },
+    "qwen3_vl_moe": {
+        "model_type": "qwen3_vl_moe",
+        "torch_dtype": "bfloat16",
+        "text_config": _cfg(
+            "qwen3_vl_moe_text",
+            num_hidden_layers=4,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            decoder_sparse_step=2,
+        ),
+        "vision_config": {**_QWEN_VISION, "out_hidden_size": 64, "deepstack_visual_indexes": [1]},
+    },
+    "mistral3": {
+        "model_type": "mistral3",
+        "torch_dtype": "bfloat16",
+        "text_config": _cfg("mistral", head_dim=24),
+        "vision_config": _PIXTRAL,
+        "multimodal_projector_bias": True,
+        "vision_feature_layer": [-1, -2],
+    },
+    "mistral3-ministral3": {
+        "model_type": "mistral3",
+        "torch_dtype": "bfloat16",
+        "tie_word_embeddings": False,
+        "text_config": _cfg("ministral3", head_dim=16, tie_word_embeddings=False),
+        "vision_config": _PIXTRAL,
+    },
+    "ministral3": _cfg("ministral3"),
+}
+FAMILY_CONFIGS.update(MULTIMODAL_CONFIGS)
 
 
 #: The hybrids with a per-sequence state (issue 19): Mamba 1 / Mamba 2 / gated DeltaNet beside attention.

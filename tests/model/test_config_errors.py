@@ -146,6 +146,107 @@ CASES = [
         {**FAMILY_CONFIGS["granitemoehybrid"], "layer_types": ["mamba"]},
         "key 'layer_types' has 1 entries for 4 layers",
     ),
+    (
+        "gpt_oss layer_types length",
+        {**FAMILY_CONFIGS["gpt_oss"], "layer_types": ["full_attention"]},
+        "key 'layer_types' has 1 entries for 3 layers",
+    ),
+    (
+        "gpt_oss sliding layers without a window",
+        {**FAMILY_CONFIGS["gpt_oss"], "sliding_window": None},
+        "key 'sliding_window' must be a positive integer when layers use sliding_attention",
+    ),
+    (
+        "gpt_oss mxfp4 dequantize",
+        {**FAMILY_CONFIGS["gpt_oss"], "quantization_config": {"quant_method": "mxfp4", "dequantize": "yes"}},
+        "key 'quantization_config.dequantize' must be true or false",
+    ),
+    (
+        "smollm3 no_rope_layers too short",
+        {**FAMILY_CONFIGS["smollm3"], "no_rope_layers": [1, 0]},
+        "key 'no_rope_layers' has 2 entries for 4 layers",
+    ),
+    (
+        "smollm3 no_rope_layers value",
+        {**FAMILY_CONFIGS["smollm3"], "no_rope_layers": [1, 2, 1, 0]},
+        "key 'no_rope_layers' must hold 1 (RoPE) or 0 (NoPE) per layer",
+    ),
+    (
+        "cohere2 more heads than hidden",
+        {**FAMILY_CONFIGS["cohere2"], "num_attention_heads": 128, "num_key_value_heads": 128},
+        "key 'num_attention_heads' must not exceed hidden_size 64",
+    ),
+    (
+        "glm4_moe groups",
+        {**FAMILY_CONFIGS["glm4_moe"], "n_group": 3},
+        "key 'n_group' must divide n_routed_experts (8), got 3",
+    ),
+    (
+        "olmoe heads",
+        {**FAMILY_CONFIGS["olmoe"], "num_attention_heads": 3},
+        "key 'num_attention_heads' must divide hidden_size 64",
+    ),
+]
+
+# Nested (multimodal) configs: a missing part, or a part vramlens would have to guess, names its key.
+_L4 = FAMILY_CONFIGS["llama4"]
+CASES += [
+    ("llama4 without text", without(_L4, "text_config"), "key 'text_config' is required for model_type 'llama4'"),
+    ("qwen3_vl without text", without(FAMILY_CONFIGS["qwen3_vl"], "text_config"), "key 'text_config' is required"),
+    (
+        "qwen2_5_vl without text",
+        without(FAMILY_CONFIGS["qwen2_5_vl"], "text_config"),
+        "key 'text_config' is required for model_type 'qwen2_5_vl'",
+    ),
+    (
+        "mistral3 without vision",
+        without(FAMILY_CONFIGS["mistral3"], "vision_config"),
+        "key 'vision_config' is required",
+    ),
+    ("text_config not an object", {**_L4, "text_config": [1]}, "key 'text_config' must be an object"),
+    (
+        "text part missing a size",
+        {**_L4, "text_config": without(_L4["text_config"], "hidden_size")},
+        "[text_config]: missing required key 'hidden_size'",
+    ),
+    (
+        "mistral3 text type",
+        {
+            **FAMILY_CONFIGS["mistral3"],
+            "text_config": {**FAMILY_CONFIGS["mistral3"]["text_config"], "model_type": "gpt2"},
+        },
+        "[text_config]: key 'model_type' 'gpt2' is not a text decoder vramlens reads for mistral3",
+    ),
+    (
+        "mistral3 vision type",
+        {**FAMILY_CONFIGS["mistral3"], "vision_config": {"model_type": "siglip_vision_model"}},
+        "[vision_config]: key 'model_type' 'siglip_vision_model' is not a vision tower vramlens reads",
+    ),
+    (
+        "llama4 no_rope_layers short",
+        {**FAMILY_CONFIGS["llama4_text"], "no_rope_layers": [1, 0]},
+        "key 'no_rope_layers' has 2 entries for 4 layers",
+    ),
+    (
+        "llama4 layer type",
+        {**FAMILY_CONFIGS["llama4_text"], "layer_types": ["sliding_attention"] * 4},
+        "key 'layer_types' has unsupported sliding_attention; expected chunked_attention, full_attention",
+    ),
+    (
+        "llama4 chunk null",
+        {**FAMILY_CONFIGS["llama4_text"], "attention_chunk_size": None},
+        "key 'attention_chunk_size' must be a positive integer when layers use chunked attention",
+    ),
+    (
+        "llama4 moe layer outside",
+        {**FAMILY_CONFIGS["llama4_text"], "moe_layers": [1, 7]},
+        "key 'moe_layers' names layer 7 of a 4-layer model",
+    ),
+    (
+        "qwen vision depth",
+        {**FAMILY_CONFIGS["qwen3_vl"], "vision_config": {**FAMILY_CONFIGS["qwen3_vl"]["vision_config"], "depth": 0}},
+        "[vision_config]: key 'depth' must be an integer >= 1",
+    ),
 ]
 
 

@@ -94,13 +94,13 @@ def test_gemma_windows() -> None:
 
 def test_gemma3_multimodal_counts_vision_tower() -> None:
     spec = parse_config(FAMILY_CONFIGS["gemma3"])
-    extra = dict(spec.extra_parameters)
+    assert spec.vision is not None
     # SigLIP: conv 3*14*14*32+32, positions (28/14)^2*32, 2 layers x (2 LN + 4 biased projections + MLP), post LN.
     layer = 2 * 64 + 4 * (32 * 32 + 32) + (32 * 64 + 64) + (64 * 32 + 32)
-    assert extra["vision_tower"] == 3 * 14 * 14 * 32 + 32 + 4 * 32 + 2 * layer + 64
-    assert extra["multi_modal_projector"] == 32 * 64 + 32
+    assert spec.vision.tower_parameters == 3 * 14 * 14 * 32 + 32 + 4 * 32 + 2 * layer + 64
+    assert spec.vision.projector_parameters == 32 * 64 + 32
     text_only = parse_config({**FAMILY_CONFIGS["gemma3"]["text_config"], "torch_dtype": "bfloat16"})
-    assert spec.num_parameters == text_only.num_parameters + sum(extra.values())
+    assert spec.num_parameters == text_only.num_parameters + spec.vision.parameters
     assert spec.num_heads == 8 and spec.num_kv_heads == 4  # Gemma3TextConfig defaults, recorded:
     assert any("num_attention_heads" in a for a in spec.assumptions)
 

@@ -36,6 +36,9 @@ def transformers_parameter_count(config: dict[str, Any]) -> int:
         warnings.simplefilter("ignore")
         hf_config = transformers.AutoConfig.for_model(config["model_type"], **kwargs)
         model_classes = (transformers.AutoModelForCausalLM, transformers.AutoModelForImageTextToText)
+        if config["model_type"] in transformers.models.auto.modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
+            # The whole multimodal model (llama4 maps to a text-only class for causal LM).
+            model_classes = model_classes[::-1]
         with torch.device("meta"):
             for index, auto in enumerate(model_classes):
                 try:

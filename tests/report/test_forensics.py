@@ -9,10 +9,10 @@ from collections.abc import Sequence
 
 import pytest
 
+from vramlens.allocator import replay
 from vramlens.categories import Category
 from vramlens.report.forensics import find_leaks, lifetimes, live_allocations, module_breakdown, step_ends
 from vramlens.report.oom import explain_oom
-from vramlens.simulate.allocator import replay
 from vramlens.simulate.report import allocated_timeline
 from vramlens.trace.timeline import CATEGORY_ORDER, Timeline, TimelineBuilder
 

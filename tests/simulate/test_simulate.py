@@ -11,7 +11,7 @@ import pytest
 from conftest import requires_hf
 from vramlens import model_from_config
 from vramlens.categories import Category
-from vramlens.errors import InputError
+from vramlens.errors import ConfigError, InputError
 from vramlens.simulate import SimulationError, simulate
 from vramlens.simulate.report import allocated_timeline
 from vramlens.trace.timeline import Timeline
@@ -147,9 +147,17 @@ def test_what_cannot_be_simulated_is_refused_with_a_hint(fields: dict, key: str)
 
 
 def test_a_model_transformers_cannot_build_is_refused() -> None:
-    config = {**TINY["llama"], "model_type": "not-a-transformers-model"}
+    import dataclasses
+
+    spec = model_from_config(dict(TINY["llama"]))
+    foreign = dataclasses.replace(spec, config={**TINY["llama"], "model_type": "not-a-transformers-model"})
     with pytest.raises(SimulationError, match=r"^model_type: .*vramlens estimate"):
-        simulate({"model": model_from_config(config), "batch": 1, "seq": 32})
+        simulate({"model": foreign, "batch": 1, "seq": 32})
+
+
+def test_an_unknown_model_type_is_refused_before_simulating() -> None:
+    with pytest.raises(ConfigError, match=r"model_type 'not-a-transformers-model' is known neither"):
+        model_from_config({**TINY["llama"], "model_type": "not-a-transformers-model"})
 
 
 def test_a_spec_without_config_is_refused() -> None:

@@ -19,9 +19,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from vramlens.allocator import replay, round_size
 from vramlens.categories import Category
 from vramlens.errors import InputError
-from vramlens.simulate.allocator import replay, round_size
 from vramlens.snapshot.writer import ADDRESS_BASE, save_snapshot, timeline_to_snapshot
 from vramlens.trace.timeline import CATEGORY_ORDER, Timeline, TimelineBuilder
 

@@ -7,6 +7,7 @@ No traceback is shown for anything a user can cause.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -48,8 +49,28 @@ cli.add_command(view_command)
 cli.add_command(diff_command)
 
 
+class _StderrNotes(logging.Handler):
+    """Writes a record as ``note: ...`` to whatever ``sys.stderr`` is when it is emitted."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(f"note: {record.getMessage()}\n")
+        except Exception:
+            self.handleError(record)
+
+
+def _notes_on_stderr() -> None:
+    """The library's progress notes (``logging`` INFO of the ``vramlens`` logger: a model read
+    from its code, a layer recipe traced) go to stderr, so stdout stays the answer."""
+    logger = logging.getLogger("vramlens")
+    if not any(isinstance(handler, _StderrNotes) for handler in logger.handlers):
+        logger.addHandler(_StderrNotes())
+        logger.setLevel(logging.INFO)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit status (the console-script entry point)."""
+    _notes_on_stderr()
     try:
         cli.main(args=argv, prog_name="vramlens", standalone_mode=False)
     except VramlensError as exc:

@@ -47,6 +47,8 @@ FLAGS: dict[str, tuple[str, str]] = {
     "max-num-seqs": ("max_num_seqs", "inference (vllm): concurrent sequences"),
     "block-size": ("block_size", "inference (vllm): KV block size in tokens"),
     "max-num-batched-tokens": ("max_num_batched_tokens", "inference: tokens per forward step (vllm default 8192)"),
+    "alloc-conf": ("alloc_conf", "PYTORCH_CUDA_ALLOC_CONF of the run, e.g. expandable_segments:True"),
+    "versions": ("versions", "library versions of the run, e.g. transformers=4.35,vllm=0.6"),
     "lora-rank": ("lora.rank", "LoRA rank r"),
     "lora-alpha": ("lora.alpha", "LoRA alpha"),
     "lora-dropout": ("lora.dropout", "LoRA dropout"),

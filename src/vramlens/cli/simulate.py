@@ -18,21 +18,8 @@ from vramlens.cli.estimate import with_workload_options, workload_arguments
 __all__ = ["compare_command", "simulate_command"]
 
 
-def _allocator(conf: str | None, capacity: int | None) -> Any:
-    if conf is None:
-        return None
-    from vramlens.errors import InputError
-    from vramlens.simulate.allocator import AllocatorSettings
-
-    try:
-        return AllocatorSettings.from_conf(conf, capacity_bytes=capacity)
-    except ValueError as error:
-        raise InputError(f"--alloc-conf: {error}") from None
-
-
-def _simulate(
-    base: dict[str, Any], overrides: dict[str, Any], steps: int, stacks: bool, conf: str | None, timeout: float | None
-) -> Any:
+def _simulate(base: dict[str, Any], overrides: dict[str, Any], steps: int, stacks: bool, timeout: float | None) -> Any:
+    """The simulation of the workload; its ``alloc_conf`` (``--alloc-conf``) sets the allocator replay."""
     from vramlens.hardware import resolve_gpu
     from vramlens.model.resolve import load_model
     from vramlens.simulate import simulate_resolved
@@ -41,7 +28,6 @@ def _simulate(
 
     workload = load_workload(base, overrides)
     gpu = resolve_gpu(workload.gpu) if workload.gpu is not None else None
-    allocator = _allocator(conf, gpu.memory_bytes if gpu else None)
     spec = load_model(workload.model)
     return simulate_resolved(
         spec,
@@ -49,7 +35,6 @@ def _simulate(
         gpu,
         steps=steps,
         capture_stacks=stacks,
-        allocator=allocator,
         timeout_s=DEFAULT_TIMEOUT_S if timeout is None else (timeout or None),
     )
 
@@ -69,7 +54,6 @@ _TIMEOUT = click.option(
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown"]), default="table", show_default=True)
 @click.option("--steps", type=click.IntRange(1, 100), default=2, show_default=True, help="Training steps to run.")
 @click.option("--stacks", is_flag=True, help="Record the Python stack of every allocation (slower).")
-@click.option("--alloc-conf", "alloc_conf", metavar="TEXT", help="PYTORCH_CUDA_ALLOC_CONF for the allocator replay.")
 @click.option("--timeline", "timeline_path", type=click.Path(dir_okay=False), help="Save every event to this .npz.")
 @_TIMEOUT
 @picture_options
@@ -80,7 +64,6 @@ def simulate_command(
     fmt: str,
     steps: int,
     stacks: bool,
-    alloc_conf: str | None,
     timeline_path: str | None,
     timeout: float | None,
     ascii_only: bool,
@@ -91,7 +74,7 @@ def simulate_command(
     """Run MODEL's real transformers code on fake tensors and report every allocation's memory."""
     check_pictures(plot_path=plot_path, html_path=html_path)
     base, overrides = workload_arguments(model, config, options, command="simulate")
-    report = _simulate(base, overrides, steps, stacks, alloc_conf, timeout)
+    report = _simulate(base, overrides, steps, stacks, timeout)
     if timeline_path is not None and report.timeline is not None:
         from vramlens.trace.timeline_io import save_timeline
 
@@ -139,7 +122,7 @@ def compare_command(
 
         plot_target(plot_path)  # a bad --plot is refused before the simulation runs
     estimated = estimate(base, **overrides)
-    simulated = _simulate(base, overrides, steps, False, None, timeout)
+    simulated = _simulate(base, overrides, steps, False, timeout)
     comparison = compare_reports([estimated, simulated])
     if fmt == "json":
         click.echo(json.dumps(comparison_dict(comparison), indent=2))

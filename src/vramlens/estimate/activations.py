@@ -49,13 +49,27 @@ from vramlens.estimate.styles import NormStyle
 from vramlens.model.spec import FfnKind, LayerKind, MixerKind, MlpKind, ModelSpec, QKNorm
 from vramlens.workload.options import AttentionImpl
 
-__all__ = ["LayerRecipe", "Part", "TrainState", "layer_saved_parts", "norm_saved", "register_mixer_saved"]
+__all__ = [
+    "LayerRecipe",
+    "Part",
+    "TrainState",
+    "ffn_saved_parts",
+    "layer_saved_parts",
+    "norm_saved",
+    "register_mixer_saved",
+]
 
 
-def _qk_norm_parts(recipe: LayerRecipe, q: int, kv: int) -> list[Part]:
-    attention = recipe.spec.attention
-    if attention.qk_norm is QKNorm.NONE:
+def _qk_norm_parts(recipe: LayerRecipe, q: int, kv: int, *, rope: bool) -> list[Part]:
+    attention = recipe.spec.attn
+    if attention.qk_norm is QKNorm.NONE or (attention.qk_norm is QKNorm.L2 and not rope):
         return []
+    if attention.qk_norm is QKNorm.L2:
+        # Llama 4's parameter-free L2 norm of each head on rotary layers: an fp32 copy and one rsqrt per head.
+        return [
+            Part(name="q L2 norm fp32 input and rsqrt", bytes_per_token=FP32 * q + STAT * attention.num_heads),
+            Part(name="k L2 norm fp32 input and rsqrt", bytes_per_token=FP32 * kv + STAT * attention.num_kv_heads),
+        ]
     stats = (attention.num_heads, attention.num_kv_heads) if attention.qk_norm is QKNorm.PER_HEAD else (1, 1)
     parts = []
     if recipe.style.norm == NormStyle.LAYERNORM:
@@ -87,7 +101,7 @@ class _Widths:
 
 
 def _widths(spec: ModelSpec) -> _Widths:
-    attention = spec.attention
+    attention = spec.attn
     mla = attention.mla
     if mla is not None:
         qk = attention.num_heads * mla.qk_head_dim
@@ -108,10 +122,10 @@ def _attention_core(recipe: LayerRecipe, widths: _Widths, *, sliding: bool) -> l
     """
     spec, a = recipe.spec, recipe.compute_bytes
     heads = spec.num_heads
-    out = widths.q if spec.attention.mla is None else widths.v
+    out = widths.q if spec.attn.mla is None else widths.v
     masked = (sliding or recipe.style.sdpa_mask) and recipe.attention is not AttentionImpl.FLASH
     if recipe.attention is not AttentionImpl.EAGER:
-        repeat = heads // spec.num_kv_heads if (masked and spec.attention.mla is None) else 1
+        repeat = heads // spec.num_kv_heads if (masked and spec.attn.mla is None) else 1
         parts = [
             Part(name="attention q", bytes_per_token=a * widths.q),
             Part(name="attention k, v", bytes_per_token=a * (widths.k + widths.v) * repeat),
@@ -127,9 +141,12 @@ def _attention_core(recipe: LayerRecipe, widths: _Widths, *, sliding: bool) -> l
             # call, and the memory-efficient kernel keeps it for backward: [b, 1, s, s].
             parts.append(Part(name="attention mask as a bias", bytes_per_token=a * recipe.seq, split=GATHERED))
         return parts
-    repeat = heads // spec.num_kv_heads if spec.attention.mla is None else 1
+    repeat = heads // spec.num_kv_heads if spec.attn.mla is None else 1
     scores = heads * recipe.seq
-    upcast = recipe.style.eager_softmax_fp32 and a != FP32  # .to(fp32) is a no-op on fp32 scores
+    # .to(fp32) is a no-op on fp32 scores. gpt-oss softmaxes in its scores' dtype, which under autocast
+    # the fp32 mask and sinks make fp32; the probabilities are then cast to the values' dtype (a copy).
+    sinks_fp32 = spec.attn.sinks and recipe.autocast
+    upcast = (recipe.style.eager_softmax_fp32 or sinks_fp32) and a != FP32
     parts = [
         Part(name="attention q", bytes_per_token=a * widths.q),
         Part(name="attention k, v (repeated to all heads)", bytes_per_token=a * (widths.k + widths.v) * repeat),
@@ -138,16 +155,23 @@ def _attention_core(recipe: LayerRecipe, widths: _Widths, *, sliding: bool) -> l
             bytes_per_token=(FP32 + a if upcast else a) * scores,
         ),
     ]
-    if spec.attention.logit_softcap:
+    if spec.attn.sinks:
+        # gpt-oss: the softmax runs over each row's scores and its head's sink logit (s + 1 columns),
+        # after subtracting the row maximum, whose int64 index max() keeps for backward.
+        softmax_bytes = FP32 if upcast else a
+        parts.append(
+            Part(name="attention sink column and row-max indices", bytes_per_token=(softmax_bytes + 8) * heads)
+        )
+    if spec.attn.logit_softcap:
         parts.append(Part(name="attention soft-cap tanh", bytes_per_token=a * scores))
-    if spec.attention.dropout > 0:
+    if spec.attn.dropout > 0:
         parts.append(Part(name="attention dropout mask + output", bytes_per_token=(MASK + a) * scores))
     return parts
 
 
 def _mla_latent_parts(recipe: LayerRecipe) -> list[Part]:
     """DeepSeek MLA: the q and kv latents are normalized and read by q_b_proj / kv_b_proj."""
-    mla = recipe.spec.attention.mla
+    mla = recipe.spec.attn.mla
     assert mla is not None
     parts: list[Part] = []
     for width, group in ((mla.q_lora_rank, "mla_q"), (mla.kv_lora_rank, "mla_kv")):
@@ -170,20 +194,26 @@ def _output_gate_parts(recipe: LayerRecipe, width: int, *, copy: bool, needs_out
     return parts
 
 
-def _attention_parts(recipe: LayerRecipe, input_bytes: int, *, sliding: bool) -> list[Part]:
+def _attention_parts(recipe: LayerRecipe, input_bytes: int, *, sliding: bool, rope: bool) -> list[Part]:
     spec = recipe.spec
     h = spec.hidden_size
     widths = _widths(spec)
     parts = group_inputs(recipe, "attn_in", h, input_bytes=input_bytes, gathered=True)
     parts += lora_parts(recipe, "attn_in", h, input_bytes=input_bytes)
-    if spec.attention.mla is not None:
+    if spec.attn.mla is not None:
         parts += _mla_latent_parts(recipe)
-    parts += _qk_norm_parts(recipe, widths.q, widths.k)
+    parts += _qk_norm_parts(recipe, widths.q, widths.k, rope=rope)
+    if spec.attn.clip_qkv:
+        # OLMoE clamp_()s q, k and v in place; autograd keeps each one's value from before the clamp
+        # (a clone). Under autocast the q/k norms multiply their bf16 output by fp32 weights: fp32.
+        qk = FP32 if recipe.autocast and spec.attn.qk_norm is not QKNorm.NONE else recipe.compute_bytes
+        clip = qk * (widths.q + widths.k) + recipe.compute_bytes * widths.v
+        parts.append(Part(name="q, k, v copies kept by the in-place clip_qkv", bytes_per_token=clip))
     parts += _attention_core(recipe, widths, sliding=sliding)
-    out_width = widths.q if spec.attention.mla is None else widths.v
+    out_width = widths.q if spec.attn.mla is None else widths.v
     copy = recipe.attention is AttentionImpl.EAGER or recipe.style.out_proj_copy
     needs_out = any(s.group == "attn_out" and s.name in recipe.train.needs_input for s in recipe.linears)
-    if spec.attention.output_gate:
+    if spec.attn.output_gate:
         parts += _output_gate_parts(recipe, out_width, copy=copy, needs_out=needs_out)
     elif copy and needs_out:
         parts.append(
@@ -221,19 +251,20 @@ def _mlp_parts(recipe: LayerRecipe, input_bytes: int) -> list[Part]:
     return parts
 
 
-#: What one layer's token mixer keeps for backward: ``(recipe, input_bytes, sliding) -> parts``,
-#: ``input_bytes`` being the bytes per element of the (normed) tensor the mixer reads.
-MixerSaved = Callable[[LayerRecipe, int, bool], list[Part]]
+#: What one layer's token mixer keeps for backward: ``(recipe, input_bytes, kind) -> parts``,
+#: ``input_bytes`` being the bytes per element of the (normed) tensor the mixer reads and ``kind``
+#: the layer's kind (its attention's mask and rotary flags).
+MixerSaved = Callable[[LayerRecipe, int, LayerKind], list[Part]]
 
 
-def _attention_mixer(recipe: LayerRecipe, input_bytes: int, sliding: bool) -> list[Part]:
-    return _attention_parts(recipe, input_bytes, sliding=sliding)
+def _attention_mixer(recipe: LayerRecipe, input_bytes: int, kind: LayerKind) -> list[Part]:
+    return _attention_parts(recipe, input_bytes, sliding=kind.sliding, rope=kind.rope)
 
 
-def _attention_and_mamba(recipe: LayerRecipe, input_bytes: int, sliding: bool) -> list[Part]:
+def _attention_and_mamba(recipe: LayerRecipe, input_bytes: int, kind: LayerKind) -> list[Part]:
     """Falcon-H1: attention and Mamba read the normed input, each through its own muP-scaled copy
     (``x * attention_in_multiplier``, ``x * ssm_in_multiplier``), which each keeps."""
-    return _attention_parts(recipe, input_bytes, sliding=sliding) + mamba_saved_parts(recipe, input_bytes, sliding)
+    return _attention_mixer(recipe, input_bytes, kind) + mamba_saved_parts(recipe, input_bytes, kind)
 
 
 _MIXER_SAVED: dict[MixerKind, MixerSaved] = {
@@ -247,6 +278,57 @@ _MIXER_SAVED: dict[MixerKind, MixerSaved] = {
 def register_mixer_saved(kind: MixerKind, saved: MixerSaved) -> None:
     """Register what a token mixer keeps for backward (a new mixer is an entry, not an ``elif``)."""
     _MIXER_SAVED[kind] = saved
+
+
+def _kind(kind: LayerKind | None, *, moe_layer: bool, sliding: bool, rope: bool) -> LayerKind:
+    """``kind``, or an attention layer described by the keyword flags (dense or MoE, masked, rotary)."""
+    if kind is not None:
+        return kind
+    return LayerKind(ffn=FfnKind.MOE if moe_layer else FfnKind.DENSE, sliding=sliding, rope=rope)
+
+
+def layer_saved_parts(
+    recipe: LayerRecipe,
+    kind: LayerKind | None = None,
+    *,
+    moe_layer: bool = False,
+    sliding: bool = False,
+    rope: bool = True,
+) -> list[Part]:
+    """Every tensor one decoder layer of ``kind`` keeps for backward, in bytes per token (see
+    :meth:`vramlens.model.components.LayerSpec.kind_at`; without a kind: an attention layer, MoE
+    when ``moe_layer``, masked by a window or chunk when ``sliding``, NoPE when not ``rope``)."""
+    mixer, ffn = _layer_halves(recipe, _kind(kind, moe_layer=moe_layer, sliding=sliding, rope=rope))
+    return mixer + ffn
+
+
+def ffn_saved_parts(
+    recipe: LayerRecipe,
+    kind: LayerKind | None = None,
+    *,
+    moe_layer: bool = False,
+    sliding: bool = False,
+    rope: bool = True,
+) -> list[Part]:
+    """What a layer keeps from its feed-forward half (the pre-MLP norm on): not yet alive while its
+    mixer runs in the forward pass, and freed before its mixer's backward runs."""
+    return _layer_halves(recipe, _kind(kind, moe_layer=moe_layer, sliding=sliding, rope=rope))[1]
+
+
+def _layer_halves(recipe: LayerRecipe, kind: LayerKind) -> tuple[list[Part], list[Part]]:
+    """(token-mixing half, feed-forward half) of :func:`layer_saved_parts`; either may be empty."""
+    residual = FP32 if recipe.autocast else recipe.compute_bytes
+    # Under autocast the residual stream is fp32 and every RMSNorm returns fp32: Llama's
+    # multiplies its cast-back output by the fp32 weight, Gemma's returns ``output.type_as(x)``.
+    norm_out = FP32 if recipe.autocast else recipe.compute_bytes
+    if recipe.style.norm == NormStyle.LAYERNORM:
+        norm_out = recipe.compute_bytes if not recipe.autocast else FP32
+    mixer, mixer_input = _mixer_half(recipe, kind, residual, norm_out)
+    ffn = _ffn_half(recipe, kind, residual, norm_out, mixer_input)
+    if recipe.spec.hidden_dropout > 0:
+        h = recipe.spec.hidden_size
+        ffn.append(Part(name="residual dropout masks", bytes_per_token=2 * MASK * h, split=SEQUENCE))
+    return mixer, ffn
 
 
 def _mixer_half(recipe: LayerRecipe, kind: LayerKind, residual: int, norm_out: int) -> tuple[list[Part], int]:
@@ -266,7 +348,7 @@ def _mixer_half(recipe: LayerRecipe, kind: LayerKind, residual: int, norm_out: i
         mixer_input = norm_out
     else:
         mixer_input = residual
-    parts += saved(recipe, mixer_input, kind.sliding)
+    parts += saved(recipe, mixer_input, kind)
     if recipe.style.post_attn_norm:
         parts += norm_saved(recipe, h, input_bytes=recipe.compute_bytes, name="post-attention norm")
     return parts, mixer_input
@@ -298,25 +380,4 @@ def _ffn_half(recipe: LayerRecipe, kind: LayerKind, residual: int, norm_out: int
     parts += [p for p in ffn if not (shared_input and p.name == MLP_INPUT)]
     if style.post_mlp_norm:
         parts += norm_saved(recipe, h, input_bytes=recipe.compute_bytes, name="post-MLP norm")
-    return parts
-
-
-def layer_saved_parts(
-    recipe: LayerRecipe, kind: LayerKind | None = None, *, moe_layer: bool = False, sliding: bool = False
-) -> list[Part]:
-    """Every tensor one decoder layer of ``kind`` keeps for backward, in bytes per token
-    (default: an attention layer, MoE when ``moe_layer``, with a biting window when ``sliding``)."""
-    if kind is None:
-        kind = LayerKind(ffn=FfnKind.MOE if moe_layer else FfnKind.DENSE, sliding=sliding)
-    spec, style = recipe.spec, recipe.style
-    residual = FP32 if recipe.autocast else recipe.compute_bytes
-    # Under autocast the residual stream is fp32 and every RMSNorm returns fp32: Llama's
-    # multiplies its cast-back output by the fp32 weight, Gemma's returns ``output.type_as(x)``.
-    norm_out = FP32 if recipe.autocast else recipe.compute_bytes
-    if style.norm == NormStyle.LAYERNORM:
-        norm_out = recipe.compute_bytes if not recipe.autocast else FP32
-    parts, attn_input = _mixer_half(recipe, kind, residual, norm_out)
-    parts += _ffn_half(recipe, kind, residual, norm_out, attn_input)
-    if spec.hidden_dropout > 0:
-        parts.append(Part(name="residual dropout masks", bytes_per_token=2 * MASK * spec.hidden_size, split=SEQUENCE))
     return parts

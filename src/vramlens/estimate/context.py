@@ -13,6 +13,7 @@ from vramlens.estimate._memo import memo
 from vramlens.estimate.frameworks import FrameworkProfile, MixedStyle, profile_for
 from vramlens.estimate.hf_attention import hf_attention_kernel
 from vramlens.estimate.qlora import kbit_notes, prepared_compute_bytes
+from vramlens.estimate.versions import older_than, rule_note
 from vramlens.model.spec import ModelSpec
 from vramlens.workload.options import (
     AttentionImpl,
@@ -69,9 +70,11 @@ class TrainingContext:
 
     @property
     def in_backward_step(self) -> bool:
-        """Gradients are stepped and freed one by one during backward. Not under
-        torch.compile: the compiled backward returns every gradient at once."""
-        return self.workload.optimizer_in_backward and not self.workload.compile
+        """Gradients are stepped and freed one by one during backward. Not under a whole-model
+        torch.compile, whose compiled backward returns every gradient at once; a framework that
+        compiles each layer on its own (torchtune) still frees them layer by layer."""
+        whole_model_compile = self.workload.compile and not self.profile.compiles_per_layer
+        return self.workload.optimizer_in_backward and not whole_model_compile
 
     @property
     def full(self) -> bool:
@@ -95,15 +98,19 @@ def _dtypes(precision: Precision, profile: FrameworkProfile, *, sharded_params: 
     return {"param": 2, "compute": 2, "grad": 2, "state": 4, "master": 4, "autocast": False}
 
 
-def _attention(workload: Workload, profile: FrameworkProfile, model_type: str, notes: list[str]) -> AttentionImpl:
+def _attention(workload: Workload, profile: FrameworkProfile, spec: ModelSpec, notes: list[str]) -> AttentionImpl:
     """The kernel: the workload's, or the framework's default for ``auto``; under HF, what
     transformers runs for the family (:mod:`vramlens.estimate.hf_attention`)."""
     resolved = workload.attention
     if resolved is AttentionImpl.AUTO:
         resolved = profile.attention
     note = ""
+    old_default = workload.attention is AttentionImpl.AUTO and older_than(workload.versions, "sdpa_default")
+    if profile.name is Framework.HF and old_default:
+        notes.append(rule_note(workload.versions, "sdpa_default"))
+        return AttentionImpl.EAGER
     if profile.name is Framework.HF:
-        resolved, note = hf_attention_kernel(workload.attention, resolved, model_type)
+        resolved, note = hf_attention_kernel(workload.attention, resolved, spec)
     if note:
         notes.append(note)
     elif workload.attention is AttentionImpl.AUTO:
@@ -137,7 +144,17 @@ def _optimizer_impl(workload: Workload, profile: FrameworkProfile, notes: list[s
 
 def check_head_split(spec: ModelSpec, workload: Workload) -> None:
     """Tensor parallelism splits attention by heads (KV heads replicated when tp exceeds them),
-    expert parallelism splits routed experts; both engines (training and inference) require it."""
+    expert parallelism splits routed experts; both engines (training and inference) require it.
+    A model described from its code has its layers traced whole: no TP, EP or CP split."""
+    if spec.generic is not None:
+        parallel = workload.parallel
+        for key, value in (("parallel.tp", parallel.tp), ("parallel.ep", parallel.ep), ("parallel.cp", parallel.cp)):
+            if value > 1:
+                raise InputError(
+                    f"{key}: {value} is not modelled for {spec.name}: with no native vramlens family its layers "
+                    "are traced from transformers' code on one device (use 1, or data parallelism/sharding)"
+                )
+        return
     tp = workload.parallel.tp
     if spec.num_heads % tp or (spec.num_kv_heads % tp and tp % spec.num_kv_heads):
         raise InputError(
@@ -174,12 +191,12 @@ def _resolved_settings(spec: ModelSpec, workload: Workload) -> dict[str, object]
     key = (
         "training-settings", workload.framework, workload.precision, sharded, workload.method, workload.quant,
         workload.optimizer_in_backward, workload.compile, workload.attention, workload.loss, workload.optimizer_impl,
-        workload.float8, workload.packing,
+        workload.float8, workload.packing, workload.versions,
     )  # fmt: skip
-    return memo(spec, key, lambda: _settings(workload, spec.model_type))
+    return memo(spec, key, lambda: _settings(workload, spec))
 
 
-def _settings(workload: Workload, model_type: str) -> dict[str, object]:
+def _settings(workload: Workload, spec: ModelSpec) -> dict[str, object]:
     profile, note = profile_for(workload.framework)
     sharded = workload.parallel.shard in (Shard.FSDP, Shard.HSDP, Shard.ZERO3)
     notes = [note] if note else []
@@ -189,9 +206,14 @@ def _settings(workload: Workload, model_type: str) -> dict[str, object]:
     )
     if workload.precision.mixed:
         notes.append(f"precision {workload.precision}: {profile.mixed} ({profile.name})")
-    if workload.optimizer_in_backward and workload.compile:
+    if workload.optimizer_in_backward and workload.compile and not profile.compiles_per_layer:
         notes.append(
             "optimizer_in_backward under compile: the compiled backward returns all gradients at once, so they are not freed early"
+        )
+    elif workload.optimizer_in_backward and workload.compile:
+        notes.append(
+            f"optimizer_in_backward under compile: {profile.name} compiles each layer on its own, so gradients are "
+            "still stepped and freed layer by layer"
         )
     if workload.float8:
         notes.append(
@@ -212,7 +234,7 @@ def _settings(workload: Workload, model_type: str) -> dict[str, object]:
         "state_bytes": int(sizes["state"]),
         "master_bytes": int(sizes["master"]),
         "autocast": bool(sizes["autocast"]),
-        "attention": _attention(workload, profile, model_type, notes),
+        "attention": _attention(workload, profile, spec, notes),
         "loss": _loss(workload, profile, notes),
         "optimizer_impl": _optimizer_impl(workload, profile, notes),
         "compiled_loss": _compiled_loss(workload, profile, notes),

@@ -72,8 +72,6 @@ class FrameworkProfile:
     dropping them puts 9.4% of points more than 10% under, against the 5% target)."""
     adapters_fp32: bool
     """LoRA adapters are kept in fp32 whatever the base dtype (PEFT ``autocast_adapter_dtype``)."""
-    fragmentation: float
-    """Allocator slack as a fraction of the allocated peak (reserved = allocated x (1 + this))."""
     fsdp_wrap: FsdpWrap = FsdpWrap.ROOT
     """FSDP's units under ``fsdp_wrap: auto`` (:mod:`vramlens.estimate.fsdp`)."""
     fsdp_reduce_fp32: bool = False
@@ -82,6 +80,11 @@ class FrameworkProfile:
     loss_in_model: bool = False
     """The loss runs inside the model's forward (HF: labels passed to the model), so FSDP2's root
     post-forward, which frees the last all-gather buffer, comes after it."""
+    compiles_per_layer: bool = False
+    """``compile: true`` compiles each decoder layer on its own (torchtune ``training.compile_model``:
+    ``layer.compile()`` per transformer layer), so the backward still runs layer by layer and an
+    optimizer in backward frees each layer's gradients as they come; a whole-model compile returns
+    every gradient at once."""
     kbit_prepare: bool = False
     """QLoRA on a bitsandbytes 4-bit base runs ``peft.prepare_model_for_kbit_training``, which
     casts every fp16/bf16 weight that is not 4-bit (embeddings, norms, LM head, biases) to fp32
@@ -102,7 +105,6 @@ FRAMEWORKS: dict[Framework, FrameworkProfile] = {
         compiles_loss=False,
         keeps_logits=True,
         adapters_fp32=True,
-        fragmentation=0.08,
         fsdp_wrap=FsdpWrap.SPLIT,
         loss_in_model=True,
         kbit_prepare=True,
@@ -124,7 +126,6 @@ FRAMEWORKS: dict[Framework, FrameworkProfile] = {
         compiles_loss=True,
         keeps_logits=False,
         adapters_fp32=False,
-        fragmentation=0.10,
         fsdp_wrap=FsdpWrap.SPLIT,
         fsdp_reduce_fp32=True,
         source="torchtitan train configs: optimizer.implementation 'fused', mixed_precision_param bf16 / reduce fp32, "
@@ -144,8 +145,9 @@ FRAMEWORKS: dict[Framework, FrameworkProfile] = {
         compiles_loss=True,
         keeps_logits=False,
         adapters_fp32=False,
-        fragmentation=0.08,
-        source="torchtune CEWithChunkedOutputLoss(num_output_chunks=8); RMSNorm computes in fp32; recipes' AdamW fused=True",
+        compiles_per_layer=True,
+        source="torchtune CEWithChunkedOutputLoss(num_output_chunks=8); RMSNorm computes in fp32; recipes' AdamW fused=True; "
+        "training.compile_model compiles each transformer layer separately (torchtune/training/_compile.py)",
     ),
     Framework.LITGPT: FrameworkProfile(
         name=Framework.LITGPT,
@@ -160,7 +162,6 @@ FRAMEWORKS: dict[Framework, FrameworkProfile] = {
         compiles_loss=False,
         keeps_logits=False,
         adapters_fp32=False,
-        fragmentation=0.08,
         source="litgpt finetune scripts: model(..., lm_head_chunk_size=128) and utils.chunked_cross_entropy over "
         "those 128-position chunks; torch AdamW defaults to foreach on CUDA",
     ),
@@ -176,7 +177,6 @@ FRAMEWORKS: dict[Framework, FrameworkProfile] = {
         compiles_loss=False,
         keeps_logits=False,
         adapters_fp32=False,
-        fragmentation=0.05,
         source="Megatron-LM: Apex/TE FusedAdam, fp32 main params and grads in the distributed optimizer, "
         "vocab_parallel_cross_entropy on bf16 logits",
     ),
@@ -192,7 +192,6 @@ FRAMEWORKS: dict[Framework, FrameworkProfile] = {
         compiles_loss=False,
         keeps_logits=True,
         adapters_fp32=True,
-        fragmentation=0.10,
         source="DeepSpeed ZeRO: 2 bytes params + (2 bf16 grads + 4 fp32 grads + 12 optimizer) / N (DeepSpeed memory docs)",
     ),
 }

@@ -16,6 +16,8 @@ from vramlens.errors import InputError
 from vramlens.estimate._memo import memo
 from vramlens.estimate.context import TrainingContext
 from vramlens.estimate.qlora import BNB_4BIT_QUANTS, kbit_prepared, unquantized_bytes
+from vramlens.estimate.styles import hf_style
+from vramlens.estimate.vision import tower_targets, vision_frozen_bytes, vision_trained
 from vramlens.estimate.weight_format import format_for_quant
 from vramlens.model.modules import LinearShape, all_layer_linears, layer_kinds, layer_linears
 from vramlens.model.params import ffn_parameters, mixer_parameters, norm_parameters
@@ -113,15 +115,23 @@ def lora_targets(ctx: TrainingContext) -> frozenset[str]:
     if ctx.method not in (Method.LORA, Method.QLORA):
         return frozenset()
     names = {shape.name for shape in all_layer_linears(ctx.spec)}
+    tower = {s.name for s in ctx.spec.vision.linears} if ctx.spec.vision is not None else set()
     targets = ctx.workload.lora.targets
     if targets == ALL_LINEAR:
-        return _check_peft(ctx, frozenset(names))
+        if not hf_style(ctx.spec.model_type).all_linear_lora:
+            raise InputError(
+                f"lora.targets: all-linear on {ctx.spec.model_type} wraps its MoE router, an nn.Linear subclass that "
+                "returns a tuple, and PEFT's LoRA forward fails; list the modules, e.g. "
+                "[q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]"
+            )
+        return _check_peft(ctx, frozenset(names | tower))
     chosen = set()
     for target in targets:
-        matches = {n for n in names if n == target or n.endswith("." + target)}
+        matches = {n for n in names if n == target or n.endswith("." + target)} | tower_targets(ctx.spec, target)
         if not matches:
             raise InputError(
-                f"lora.targets: {ctx.spec.name} has no linear module {target!r}; its modules are {', '.join(sorted(names))}"
+                f"lora.targets: {ctx.spec.name} has no linear module {target!r}; its modules are "
+                f"{', '.join(sorted(names | tower))}"
             )
         chosen |= matches
     return _check_peft(ctx, frozenset(chosen))
@@ -263,6 +273,10 @@ def _stage(
         frozen, trainable, adapters = frozen + count * f, trainable + count * t, adapters + count * a
         layer_elements, largest = max(layer_elements, elements), max(largest, big)
     edges = _edge_elements(ctx, first=first, last=last)
+    if first and ctx.spec.vision is not None:
+        # The vision side runs before the first decoder layer (estimate/vision.py).
+        frozen += vision_frozen_bytes(ctx, targets, effective_quant(ctx))
+        edges += ctx.spec.vision.parameters if vision_trained(ctx) else 0
     if ctx.full:
         table = ctx.spec.vocab_size * ctx.spec.hidden_size // ctx.workload.parallel.tp
         groups = [

@@ -20,14 +20,15 @@ from vramlens.estimate.logits import LogitsMemory, logits_memory
 from vramlens.estimate.mixers import mixer_backward_working
 from vramlens.estimate.optimizers import OptimizerModel, optimizer_model
 from vramlens.estimate.qlora import dequantized_bytes, with_head_weight_cast
-from vramlens.estimate.recompute import LayerActivations, layer_activations, train_state
+from vramlens.estimate.recompute import LayerActivations, eager_attention_working, layer_activations, train_state
 from vramlens.estimate.styles import hf_style
+from vramlens.estimate.versions import older_than, rule_note
 from vramlens.model.modules import layer_linears
 from vramlens.report.model import Term
 from vramlens.units import format_bytes
 from vramlens.workload.options import Framework, Method, Offload, PipelineSchedule, Quant, Recompute, Shard
 
-__all__ = ["StageMemory", "stage_memory"]
+__all__ = ["StageMemory", "fp32_model_outputs", "model_logits_bytes", "stage_memory"]
 
 _PARAM_SHARDED = {Shard.ZERO3, Shard.FSDP, Shard.HSDP}
 _GRAD_SHARDED = _PARAM_SHARDED | {Shard.ZERO2}
@@ -58,7 +59,11 @@ class StageMemory:
     """Parameter sharding's unsharded parameters, buffers and gradients, instant by instant (fsdp.py)."""
     dequant: int = 0
     working: int = 0
+    end_working: int | None = None
+    """The backward working set when only the embedding's backward is left (None: ``working``)."""
     forward_working: int = 0
+    masks: float = 0.0
+    """Attention masks alive during the forward only, bytes per token (see LayerActivations)."""
     step_temp: int = 0
     terms: list[Term] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -174,6 +179,7 @@ def _activations(ctx: TrainingContext, mem: StageMemory, acts: LayerActivations)
         ),
     )
     mem.recompute = int(acts.transient_per_token * tokens)
+    mem.masks = acts.masks_per_token
     h, a = ctx.spec.hidden_size, ctx.compute_bytes
     mem.inputs = mem.add("inputs (ids, labels)", Category.INPUTS, 16 * tokens, lambda: f"{tokens:,} tokens x 2 int64")
     rotary = 2 * a * ctx.spec.head_dim if stage.first else 0
@@ -242,8 +248,15 @@ def _working_sets(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str
     mixers = {spec.layers[index].mixer for index in mem.stage.layer_range}
     backward = max(backward, mixer_backward_working(spec, mixers, seq=ctx.workload.seq, compute_bytes=a))
     forward = (a * h + 2 * a * inner + adapter_sum) if recompute else max(4 * h + a * h, adapter_sum)
+    # Eager attention's score tensors come and go apart from the MLP's intermediates; a recomputed
+    # layer's forward runs inside the backward pass, its kept tensors counted as the transient.
+    over_kept, eager_backward, eager_forward = eager_attention_working(
+        ctx, train_state(ctx, targets), mem.stage.layer_range
+    )
+    forward = max(forward, eager_forward if recompute else over_kept)
+    backward = max(backward, eager_backward, over_kept if recompute else 0)
     mem.working = int(tokens * backward / tp)
-    mem.forward_working = int(tokens * forward / tp)
+    mem.forward_working = int(tokens * (forward / tp + mem.masks))
 
 
 def _adapter_transients(ctx: TrainingContext, targets: frozenset[str], inner: int) -> tuple[float, float]:
@@ -325,6 +338,24 @@ def _optimizer_temporaries(ctx: TrainingContext, mem: StageMemory) -> None:
     )
 
 
+def fp32_model_outputs(ctx: TrainingContext) -> bool:
+    """The logits the loop keeps are fp32: accelerate converts the outputs of an autocast model
+    (unless FSDP2's root casts them back), or transformers before 4.46 up-cast them in the
+    forward (:data:`vramlens.estimate.versions.VERSION_RULES` ``loss_upcast``)."""
+    converted = ctx.workload.precision.mixed and ctx.profile.mixed is MixedStyle.AUTOCAST and not casts_outputs(ctx)
+    upcast = ctx.profile.name is Framework.HF and older_than(ctx.workload.versions, "loss_upcast")
+    return converted or upcast
+
+
+def model_logits_bytes(ctx: TrainingContext) -> int:
+    """Bytes per logit the model's forward returns: the compute dtype's, or 4 where the family's code
+    up-casts its logits (Nemotron-H: ``self.lm_head(hidden_states).float()``; ``HfStyle.logits_fp32``).
+    A model read from its code has no style: the compute dtype's, as the generic route assumes."""
+    if ctx.spec.generic is None and hf_style(ctx.spec.model_type).logits_fp32:
+        return 4
+    return ctx.compute_bytes
+
+
 def _loss_chunks(ctx: TrainingContext) -> float:
     """Tokens over the tokens of the largest loss chunk: a chunk count, or for chunks of a
     fixed length (LitGPT) the sequence over the longest chunk, min(seq, positions)."""
@@ -349,25 +380,31 @@ def stage_memory(ctx: TrainingContext, stage: StageView, targets: frozenset[str]
         )
     _activations(ctx, mem, acts)
     if stage.last:
-        tp = ctx.workload.parallel.tp
-        fp32_outputs = ctx.workload.precision.mixed and ctx.profile.mixed is MixedStyle.AUTOCAST
-        fp32_outputs = fp32_outputs and not casts_outputs(ctx)
-        mem.logits = logits_memory(
-            ctx.loss,
-            tokens=ctx.tokens,
-            vocab=ctx.spec.vocab_size // tp,
-            hidden=ctx.spec.hidden_size,
-            logits_bytes=4 if hf_style(ctx.spec.model_type).logits_fp32 else ctx.compute_bytes,
-            keeps_logits=ctx.profile.keeps_logits,
-            chunks=_loss_chunks(ctx),
-            kept_bytes=4 if fp32_outputs else None,
-            loss_parallel=tp > 1 and ctx.profile.name is Framework.TORCHTITAN,
-            compiled=ctx.compiled_loss,
-            softcap=ctx.spec.final_logit_softcap is not None,
-        )
-        mem.add("logits and loss (at the loss)", Category.TEMPORARY, mem.logits.forward_end, mem.logits.formula)
-        mem.logits, cast = with_head_weight_cast(ctx, mem.logits)
-        mem.add("LM head bf16 weight copy (fp32 head after k-bit preparation)", Category.TEMPORARY, cast, "V x h x 2 B")
+        logits_terms(ctx, mem)
     _transients(ctx, mem, targets)
     _optimizer_temporaries(ctx, mem)
     return mem
+
+
+def logits_terms(ctx: TrainingContext, mem: StageMemory) -> None:
+    """The last stage's logits and loss (and the LM head's bf16 weight copy after k-bit preparation)."""
+    tp = ctx.workload.parallel.tp
+    fp32_outputs = fp32_model_outputs(ctx)
+    if ctx.profile.name is Framework.HF and older_than(ctx.workload.versions, "loss_upcast"):
+        mem.notes.append(rule_note(ctx.workload.versions, "loss_upcast"))
+    mem.logits = logits_memory(
+        ctx.loss,
+        tokens=ctx.tokens,
+        vocab=ctx.spec.vocab_size // tp,
+        hidden=ctx.spec.hidden_size,
+        logits_bytes=model_logits_bytes(ctx),
+        keeps_logits=ctx.profile.keeps_logits,
+        chunks=_loss_chunks(ctx),
+        kept_bytes=4 if fp32_outputs else None,
+        loss_parallel=tp > 1 and ctx.profile.name is Framework.TORCHTITAN,
+        compiled=ctx.compiled_loss,
+        softcap=ctx.spec.final_logit_softcap is not None,
+    )
+    mem.add("logits and loss (at the loss)", Category.TEMPORARY, mem.logits.forward_end, mem.logits.formula)
+    mem.logits, cast = with_head_weight_cast(ctx, mem.logits)
+    mem.add("LM head bf16 weight copy (fp32 head after k-bit preparation)", Category.TEMPORARY, cast, "V x h x 2 B")

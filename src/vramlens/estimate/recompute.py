@@ -11,18 +11,20 @@ from dataclasses import dataclass, replace
 
 from vramlens.errors import InputError
 from vramlens.estimate._memo import memo
-from vramlens.estimate.activations import layer_saved_parts
+from vramlens.estimate.activations import ffn_saved_parts, layer_saved_parts
 from vramlens.estimate.context import TrainingContext
+from vramlens.estimate.eager_attention import eager_transients
 from vramlens.estimate.frameworks import NormImpl
 from vramlens.estimate.mixers import KERNEL_ASSUMPTION, STATE_MIXERS
 from vramlens.estimate.qlora import adapter_inputs_shared, base_output_bytes, kbit_prepared
 from vramlens.estimate.saved_parts import GATHERED, HEADS, SEQUENCE, LayerRecipe, Part, TrainState
 from vramlens.estimate.styles import hf_style
 from vramlens.model.modules import all_layer_linears
-from vramlens.model.spec import FfnKind, LayerKind, MixerKind
+from vramlens.model.spec import FfnKind, LayerKind, LayerSpec, MixerKind
 from vramlens.workload.options import AttentionImpl, Framework, Method, Recompute
+from vramlens.workload.spec import ALL_LINEAR
 
-__all__ = ["LayerActivations", "layer_activations", "train_state"]
+__all__ = ["LayerActivations", "eager_attention_working", "layer_activations", "layer_kind", "train_state"]
 
 
 def train_state(ctx: TrainingContext, targets: frozenset[str]) -> TrainState:
@@ -75,6 +77,9 @@ class LayerActivations:
     full_layer_parts: tuple[Part, ...]
     """The saved tensors of one full (not recomputed) layer, for the explanation."""
     notes: tuple[str, ...]
+    masks_per_token: float = 0.0
+    """Attention masks alive while the layers run forward but kept by no one for backward
+    (without recompute; a checkpointed layer keeps its mask argument, counted in ``saved``)."""
 
 
 def _per_token(parts: list[Part], tp: int, sequence_parallel: bool) -> float:
@@ -101,16 +106,17 @@ def _selective_titan(recipe: LayerRecipe, kind: LayerKind) -> float:
     return a * (2 * spec.hidden_size + 2 * q + kv + inner) + 4 * spec.num_heads
 
 
+def layer_kind(layer: LayerSpec, seq: int) -> LayerKind:
+    """What decides a layer's saved tensors at sequence length ``seq``: its mixer, its FFN, whether
+    its attention is masked and whether it is rotary (:meth:`vramlens.model.components.LayerSpec.kind_at`)."""
+    return layer.kind_at(seq)
+
+
 def _kinds(ctx: TrainingContext, layer_range: range) -> dict[LayerKind, int]:
-    """Count this rank's layers by kind (mixer, FFN, and whether a sliding window bites)."""
+    """Count this rank's layers by :func:`layer_kind`."""
     counts: dict[LayerKind, int] = {}
     for index in layer_range:
-        layer = ctx.spec.layers[index]
-        # A window at least as long as the sequence is plain causal attention: transformers
-        # then passes no mask to SDPA (``_ignore_causal_mask_sdpa``).
-        key = LayerKind(
-            mixer=layer.mixer, ffn=layer.ffn, sliding=layer.window is not None and layer.window < ctx.workload.seq
-        )
+        key = layer_kind(ctx.spec.layers[index], ctx.workload.seq)
         counts[key] = counts.get(key, 0) + 1
     return counts
 
@@ -147,6 +153,12 @@ def layer_activations(ctx: TrainingContext, state: TrainState, layer_range: rang
 def _build_layer_activations(ctx: TrainingContext, state: TrainState, layer_range: range) -> LayerActivations:
     notes: list[str] = []
     recipe = _recipe(ctx, state, notes)
+    lora = ctx.method in (Method.LORA, Method.QLORA) and ctx.workload.lora.targets == ALL_LINEAR
+    if lora and ctx.spec.is_moe and recipe.style.peft_wraps_experts:
+        notes.append(
+            "lora.targets all-linear: PEFT also adapts this MoE model's 3-D expert weights (merged weights kept "
+            "for backward), which is not counted here: the estimate is low; list the targets to leave experts out"
+        )
     return _layer_activations(ctx, recipe, layer_range, notes)
 
 
@@ -189,21 +201,58 @@ def _layer_activations(
     example = max(kinds, key=lambda key: full[key]) if kinds else LayerKind()
     parts = tuple(layer_saved_parts(recipe, example))
     masks = _mask_bytes(ctx, recipe, kinds)
+    # Eager adds its masks to the scores and SDPA turns them into a per-call bias: autograd keeps
+    # neither; they live in the model's forward until it returns, unless a checkpoint keeps them
+    # as a layer input (found against the simulator on SmolLM3 and gpt-oss with sliding windows).
+    checkpointed = policy is not Recompute.NONE
     return LayerActivations(
-        saved_per_token=saved + masks, transient_per_token=transient, full_layer_parts=parts, notes=tuple(notes)
+        saved_per_token=saved + (masks if checkpointed else 0.0),
+        transient_per_token=transient,
+        full_layer_parts=parts,
+        notes=tuple(notes),
+        masks_per_token=0.0 if checkpointed else masks,
     )
 
 
 def _mask_bytes(ctx: TrainingContext, recipe: LayerRecipe, kinds: dict[LayerKind, int]) -> float:
     """Materialized 4-D attention masks ([batch, 1, seq, seq], one per mask kind, shared by the attention
-    layers, which keep them for backward): eager attention always builds them; SDPA only for
-    sliding-window layers; flash attention (flash_attention_2, which applies the window itself) never."""
+    layers): eager attention always builds them, additive in the compute dtype; SDPA only for masked
+    (sliding-window or chunked) layers, boolean (``masking_utils.sdpa_mask``: one byte per element);
+    flash attention (flash_attention_2, which applies the window itself) never. Layers without
+    attention (Mamba, linear attention) read no 4-D mask."""
     attending = [key for key in kinds if key.attends]
     if not attending:
         return 0.0
     sliding = any(key.sliding for key in attending)
     if recipe.attention is AttentionImpl.EAGER:
         count = 2 if sliding and len({key.sliding for key in attending}) > 1 else 1
-    else:
-        count = 1 if sliding and recipe.attention is not AttentionImpl.FLASH else 0
-    return count * recipe.compute_bytes * recipe.seq
+        return count * recipe.compute_bytes * recipe.seq
+    count = 1 if sliding and recipe.attention is not AttentionImpl.FLASH else 0
+    return count * recipe.seq
+
+
+def eager_attention_working(ctx: TrainingContext, state: TrainState, layer_range: range) -> tuple[float, float, float]:
+    """Eager attention's score tensors in the last attention layer of ``layer_range``, bytes per token on
+    one rank: (forward beyond the kept probabilities, backward, forward with nothing kept), the first two
+    less what that layer's feed-forward half and the layers after it keep (not yet alive when its
+    attention runs forward, already freed when its attention runs backward; a hybrid's last layers may
+    be Mamba or linear attention). See :mod:`vramlens.estimate.eager_attention`."""
+    if ctx.attention is not AttentionImpl.EAGER:
+        return 0.0, 0.0, 0.0
+    attending = [index for index in layer_range if ctx.spec.layers[index].attends]
+    if not attending:
+        return 0.0, 0.0, 0.0
+    workload = ctx.workload
+    tp = workload.parallel.tp
+    recipe = _recipe(ctx, state, [])
+    last = attending[-1]
+    after = _per_token(ffn_saved_parts(recipe, layer_kind(ctx.spec.layers[last], workload.seq)), tp, tp > 1)
+    if workload.recompute is Recompute.NONE:  # under recompute later layers keep only their checkpoints
+        for index in range(last + 1, layer_range[-1] + 1):
+            after += _per_token(layer_saved_parts(recipe, layer_kind(ctx.spec.layers[index], workload.seq)), tp, tp > 1)
+    a, autocast, seq = recipe.compute_bytes, recipe.autocast, recipe.seq
+    over_kept, backward = eager_transients(ctx.spec, recipe.style, compute_bytes=a, autocast=autocast, seq=seq, tp=tp)
+    everything = eager_transients(
+        ctx.spec, recipe.style, compute_bytes=a, autocast=autocast, seq=seq, tp=tp, kept=False
+    )[0]
+    return max(0.0, over_kept - after), max(0.0, backward - after), everything

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from vramlens.estimate.act_fns import activation_fn
 from vramlens.estimate.styles import HfStyle, NormStyle
-from vramlens.model.modules import LinearShape
+from vramlens.model.modules import LinearShape, is_shared_expert
 from vramlens.model.spec import ModelSpec
 from vramlens.workload.options import AttentionImpl
 
@@ -122,6 +122,14 @@ def norm_saved(recipe: LayerRecipe, width: int, *, input_bytes: int, name: str) 
             Part(name=f"{name} input", bytes_per_token=input_bytes * width, split=SEQUENCE),
             Part(name=f"{name} mean+rstd", bytes_per_token=2 * STAT, split=SEQUENCE),
         ]
+    if style == NormStyle.COHERE:
+        parts = [
+            Part(name=f"{name} two fp32 centered copies (x - mean)", bytes_per_token=2 * FP32 * width, split=SEQUENCE),
+            Part(name=f"{name} rsqrt", bytes_per_token=STAT, split=SEQUENCE),
+        ]
+        if trained:
+            parts.append(Part(name=f"{name} fp32 normalized", bytes_per_token=FP32 * width, split=SEQUENCE))
+        return parts
     parts = [
         Part(name=f"{name} fp32 input", bytes_per_token=FP32 * width, split=SEQUENCE),
         Part(name=f"{name} rsqrt", bytes_per_token=STAT, split=SEQUENCE),
@@ -151,12 +159,20 @@ def group_inputs(recipe: LayerRecipe, group: str, width: int, *, input_bytes: in
 MLP_INPUT = "mlp_in input"
 
 
-def lora_parts(recipe: LayerRecipe, group: str, width: int, *, input_bytes: int) -> list[Part]:
-    """PEFT adapters: each casts its input to the adapter dtype and keeps it, plus the rank-r output."""
+def lora_parts(
+    recipe: LayerRecipe, group: str, width: int, *, input_bytes: int, shared_expert: bool = False
+) -> list[Part]:
+    """PEFT adapters: each casts its input to the adapter dtype and keeps it, plus the rank-r output.
+    ``shared_expert``: the adapters of an MoE layer's shared expert, else the others of ``group``
+    (``recipe.linears`` lists every layer kind's linears: a dense layer has no shared expert)."""
     train = recipe.train
     parts = []
     for shape in recipe.linears:
-        if shape.group != group or shape.name not in train.adapters:
+        if (
+            shape.group != group
+            or shape.name not in train.adapters
+            or is_shared_expert(recipe.spec, shape) != shared_expert
+        ):
             continue
         autocast = recipe.autocast or recipe.autocast_adapters
         cast = recipe.compute_bytes if autocast else train.adapter_bytes

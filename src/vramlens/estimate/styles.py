@@ -25,6 +25,10 @@ class NormStyle:
     """GemmaRMSNorm: computed in fp32 with (1 + weight); the normalized fp32 tensor is kept."""
     LAYERNORM = "layernorm"
     """nn.LayerNorm: keeps its input, and mean and rstd per token."""
+    COHERE = "cohere"
+    """Cohere2LayerNorm (bias-free LayerNorm written in fp32 arithmetic): ``x - mean`` is computed
+    twice (once for the variance, once to normalize) and both fp32 copies are kept, with the rsqrt
+    per token and, when the weight trains, the fp32 normalized tensor."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -64,6 +68,26 @@ class HfStyle:
     blocks (Phi, GPT-NeoX); GPT2Block holds both (``attn_output`` is a local)."""
     rope_sets: int = 1
     """Rotary (cos, sin) tables the model computes once per forward (Gemma 3: local and global)."""
+    rope_fp32: bool = False
+    """Rotary embeddings are applied in fp32 (Cohere's ``apply_rotary_pos_emb`` up-casts q and k)."""
+    router_topk_first: bool = False
+    """The MoE router takes the top-k of its logits and softmaxes only those, in the compute dtype
+    (gpt-oss ``GptOssTopKRouter``): no expert-wide fp32 probabilities are kept."""
+    peft_wraps_experts: bool = True
+    """PEFT's ``target_modules="all-linear"`` (0.21) also adapts the MoE experts' 3-D parameters
+    (ParamWrapper), which the estimate does not model (checked for OLMoE, Mixtral, Qwen3-MoE and
+    GLM-4.5; not gpt-oss, whose experts PEFT leaves alone)."""
+    gpu_kernel: str = "flash-attention 2 (soft-capping in the kernel)"
+    """What ``attention: flash`` runs for a family without SDPA (its class's flash path)."""
+    dense_experts: bool = False
+    """Every routed expert runs on every token (Llama 4: ``torch.bmm`` over all experts on
+    copies of the input scaled by a sigmoid router score, zero for the unrouted ones);
+    see :func:`vramlens.estimate.moe_dense.dense_expert_parts`."""
+    flash: bool = True
+    """transformers supports flash-attention 2 for this family (Llama 4 does not)."""
+    all_linear_lora: bool = True
+    """PEFT's ``all-linear`` LoRA runs on this family. Llama 4's ``Llama4Router`` subclasses
+    ``nn.Linear`` but returns a tuple: PEFT wraps it and its forward fails."""
     logits_fp32: bool = False
     """The model's forward returns float32 logits (Nemotron-H: ``self.lm_head(hidden_states).float()``),
     which the loss and the kept ``outputs.logits`` then hold."""
@@ -92,6 +116,34 @@ HF_STYLES: Final[dict[str, HfStyle]] = {
     "gpt_neox": HfStyle(norm=NormStyle.LAYERNORM, out_proj_copy=True, qkv_views=True),
     "falcon": HfStyle(norm=NormStyle.LAYERNORM, eager_softmax_fp32=False, sdpa_mask=True, qkv_views=True),
     "starcoder2": HfStyle(norm=NormStyle.LAYERNORM),
+    # GptOssRMSNorm multiplies by the weight before casting back (fp32 normalized tensor kept);
+    # transformers refuses SDPA (sinks); eager softmaxes in the scores' dtype.
+    "gpt_oss": HfStyle(
+        norm=NormStyle.RMS_FP32_WEIGHT,
+        eager_softmax_fp32=False,
+        sdpa=False,
+        router_topk_first=True,
+        peft_wraps_experts=False,
+        gpu_kernel="flash-attention 3 with sinks (kernels-community/vllm-flash-attn3, which transformers "
+        "substitutes for flash_attention_2 on gpt-oss)",
+    ),
+    "olmoe": HfStyle(),
+    "smollm3": HfStyle(),
+    "cohere2": HfStyle(norm=NormStyle.COHERE, pre_mlp_norm=False, rope_fp32=True),
+    # Glm4Moe's rotary concatenates the rotated and passed-through halves (torch.cat), so queries are
+    # contiguous (b, heads, s, d); SDPA's output follows the query layout and the transpose before o_proj copies.
+    "glm4_moe": HfStyle(router_fp32=True, out_proj_copy=True),
+    # Multimodal wrappers keep their text decoder's style (the vision side computes nothing on text batches).
+    # Llama4TextDecoderLayer keeps its attention output (``attention_states``) through the MLP.
+    "llama4_text": HfStyle(
+        eager_softmax_fp32=False, dense_experts=True, flash=False, all_linear_lora=False, mlp_held=2
+    ),
+    "llama4": HfStyle(eager_softmax_fp32=False, dense_experts=True, flash=False, all_linear_lora=False, mlp_held=2),
+    "qwen2_5_vl": HfStyle(),
+    "qwen3_vl": HfStyle(),
+    "qwen3_vl_moe": HfStyle(),
+    "mistral3": HfStyle(),
+    "ministral3": HfStyle(),
     "qwen3_next": HfStyle(norm=NormStyle.GEMMA, out_proj_copy=True),
     "jamba": HfStyle(),
     "falcon_h1": HfStyle(),

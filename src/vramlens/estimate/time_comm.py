@@ -134,7 +134,7 @@ def _model_parallel(spec: ModelSpec, workload: Workload, gpu: GpuSpec) -> dict[s
         volume = 2 * activation / par.tp * steps
         out["pp"] = (volume, volume / outer)
     if par.cp > 1:
-        att = spec.attention
+        att = spec.attn
         kv = activation / spec.hidden_size * 2 * att.num_kv_heads * att.head_dim / par.tp
         volume = 3 * (par.cp - 1) * kv * layers * steps
         out["cp"] = (volume, volume / intra)

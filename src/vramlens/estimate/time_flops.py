@@ -57,7 +57,12 @@ def layer_matmul_parameters(spec: ModelSpec) -> float:
     """Matmul parameters a token passes through in the decoder layers (all layers)."""
     parts = spec.parameter_breakdown
     non_layer = (
-        parts.embedding + parts.position_embedding + parts.norms + parts.final_norm + parts.lm_head + parts.extra
+        parts.embedding
+        + parts.position_embedding
+        + parts.norms
+        + parts.final_norm
+        + parts.lm_head
+        + parts.outside_decoder
     )
     return float(spec.active_parameters - non_layer)
 
@@ -72,7 +77,7 @@ def _attended_keys(seq: int, window: int | None) -> float:
 def attention_core_flops(spec: ModelSpec, seq: int) -> float:
     """Forward FLOPs per token of the token-mixing cores, summed over layers: ``QK^T`` and ``PV``
     in the layers that attend, plus the scans of the layers with a state (:func:`scan_flops`)."""
-    att = spec.attention
+    att = spec.attn
     if att.mla is not None:
         width = att.num_heads * (att.mla.qk_head_dim + att.mla.v_head_dim)
     else:
@@ -96,7 +101,7 @@ def scan_flops(spec: ModelSpec, mixer: MixerKind) -> float:
 
 def _linear_shapes(spec: ModelSpec) -> dict[str, tuple[int, int, int]]:
     """``name -> (in, out, copies per layer)`` of the standard decoder linears (dense layers)."""
-    h, att = spec.hidden_size, spec.attention
+    h, att = spec.hidden_size, spec.attn
     q, kv = att.num_heads * att.head_dim, att.num_kv_heads * att.head_dim
     shapes = {"q_proj": (h, q, 1), "k_proj": (h, kv, 1), "v_proj": (h, kv, 1), "o_proj": (q, h, 1)}
     if spec.mlp is not None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vramlens.estimate.infer.kv_cache import layer_kv_limit
 from vramlens.estimate.time_comm import inter_bandwidth, intra_bandwidth
 from vramlens.estimate.time_flops import attention_core_flops, layer_matmul_parameters
 from vramlens.estimate.time_tables import GPUS_PER_NODE, MEMORY_EFFICIENCY, MFU, SATURATION_TOKENS
@@ -54,9 +55,10 @@ def _kv_bytes_per_token(spec: ModelSpec, workload: Workload, context: float) -> 
     """KV-cache bytes of one sequence at ``context`` tokens, all layers."""
     wide = 4 if workload.precision is Precision.FP32 else 2
     element = 1 if workload.kv_dtype is KvDtype.FP8 else wide
-    att = spec.attention
+    att = spec.attn
     per_token = (att.mla.kv_lora_rank + att.mla.qk_rope_head_dim) if att.mla else 2 * att.num_kv_heads * att.head_dim
-    held = sum(min(context, layer.window) if layer.window else context for layer in spec.layers if layer.attends)
+    limits = [layer_kv_limit(layer) for layer in spec.layers if layer.attends]
+    held = sum(min(context, limit) if limit else context for limit in limits)
     return per_token * element * held
 
 

@@ -11,20 +11,28 @@ A step is three instants on the busiest rank, each the sum of what is alive then
 * ``optimizer_step`` - weights, state, gradients and the step's temporaries.
 
 With ``optimizer_in_backward`` there is no separate step: each gradient is used
-and freed as soon as it exists. Reserved and device levels add allocator slack
-and the CUDA runtime (:mod:`vramlens.estimate.runtime`).
+and freed as soon as it exists. The reserved level adds the caching allocator's slack
+(:mod:`vramlens.estimate.reserved`), the device level the memory outside the allocator
+(:mod:`vramlens.estimate.runtime`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from vramlens.categories import Category
 from vramlens.estimate.context import TrainingContext, resolve_training
 from vramlens.estimate.layout import param_layout
+from vramlens.estimate.margins import runtime_spread, safe_levels
 from vramlens.estimate.quantities import StageMemory, stage_memory
-from vramlens.estimate.runtime import CUBLAS_WORKSPACE_BYTES, runtime_memory
+from vramlens.estimate.reserved import TrainingSlack, allocator_settings, training_slack
+from vramlens.estimate.runtime import CUBLAS_WORKSPACE_BYTES, communicators, runtime_parts
+from vramlens.estimate.versions import older_than, rule_note
+from vramlens.estimate.vision import vision_notes
 from vramlens.hardware import GpuSpec
 from vramlens.model.spec import ModelSpec
-from vramlens.report.model import MemoryReport, PhaseMemory
+from vramlens.report.model import MemoryReport, PhaseMemory, SafeLevels
+from vramlens.units import format_bytes
 from vramlens.workload.options import Shard
 from vramlens.workload.spec import Workload
 
@@ -126,7 +134,7 @@ def _backward(ctx: TrainingContext, mem: StageMemory) -> PhaseMemory:
         "end of backward: every gradient": (
             all_grads + mem.grad_buckets,
             mem.non_layer,
-            kept_to_end + mem.working + mem.dequant + u.end,
+            kept_to_end + (mem.working if mem.end_working is None else mem.end_working) + mem.dequant + u.end,
         ),
         "last layer of backward: the first layer's activations beside every other gradient": (
             all_grads - pending + mem.grad_buckets,
@@ -168,26 +176,69 @@ def training_phases(ctx: TrainingContext, mem: StageMemory) -> list[PhaseMemory]
     return phases
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Levels:
+    reserved: int
+    device: int
+    runtime: dict[str, int]
+    safe: SafeLevels
+    note: str
+
+
+def _levels(ctx: TrainingContext, mem: StageMemory, peak: PhaseMemory, targets: frozenset[str]) -> _Levels:
+    """Reserved (allocator slack), device (runtime parts) and the safe figures above the allocated peak."""
+    workload = ctx.workload
+    slack = training_slack(ctx, mem, targets, allocator_settings(workload.alloc_conf))
+    eager = older_than(workload.versions, "lazy_module_loading")
+    runtime = runtime_parts(workload.parallel, paged_bytes=mem.paged_states, eager_modules=eager)
+    reserved = peak.allocated_bytes + slack.total_bytes
+    device = reserved + sum(runtime.values())
+    safe = safe_levels(
+        allocated=peak.allocated_bytes,
+        reserved=reserved,
+        device=device,
+        breakdown=peak.breakdown,
+        allocator_spread=slack.spread_bytes,
+        runtime_spread=runtime_spread(runtime, len(communicators(workload.parallel))),
+        sharded=workload.parallel.shard in (Shard.FSDP, Shard.HSDP, Shard.ZERO3),
+    )
+    note = _reserved_note(slack, workload.alloc_conf)
+    if eager:
+        note += f"; {rule_note(workload.versions, 'lazy_module_loading')}"
+    return _Levels(reserved=reserved, device=device, runtime=runtime, safe=safe, note=note)
+
+
+def _reserved_note(slack: TrainingSlack, alloc_conf: str) -> str:
+    conf = f" under {alloc_conf}" if alloc_conf else ""
+    return (
+        f"reserved: slack {format_bytes(slack.total_bytes)}{conf} = replayed vocabulary tensors "
+        f"{format_bytes(slack.vocabulary_bytes)} + layer churn x fitted fractions {format_bytes(slack.layers_bytes)}"
+    )
+
+
 def estimate_training(spec: ModelSpec, workload: Workload, *, gpu: GpuSpec | None = None) -> MemoryReport:
     """Per-GPU memory of one training step of ``workload`` on ``spec`` (busiest rank),
     checked against ``gpu`` when one is given."""
     ctx = resolve_training(spec, workload)
-    layout = param_layout(ctx)
+    if spec.generic is not None:
+        from vramlens.estimate.generic import generic_layout
+        from vramlens.estimate.generic_terms import generic_stage_memory
+
+        layout, memory = generic_layout(ctx), generic_stage_memory
+    else:
+        layout, memory = param_layout(ctx), stage_memory
     best: tuple[int, StageMemory, list[PhaseMemory]] | None = None
     for stage in layout.stages:
-        mem = stage_memory(ctx, stage, layout.targets)
+        mem = memory(ctx, stage, layout.targets)
         phases = training_phases(ctx, mem)
-        peak = max(phase.allocated_bytes for phase in phases)
-        if best is None or peak > best[0]:
-            best = (peak, mem, phases)
+        highest = max(phase.allocated_bytes for phase in phases)
+        if best is None or highest > best[0]:
+            best = (highest, mem, phases)
     assert best is not None
     allocated, mem, phases = best
-    peak_phase = max(phases, key=lambda phase: phase.allocated_bytes).name
-    runtime = runtime_memory(
-        allocated, fragmentation=ctx.profile.fragmentation, gpus=workload.parallel.gpus, paged_bytes=mem.paged_states
-    )
-    reserved = allocated + runtime.allocator_slack
-    notes = [*ctx.assumptions, *dict.fromkeys(mem.notes)]
+    peak = max(phases, key=lambda phase: phase.allocated_bytes)
+    levels = _levels(ctx, mem, peak, layout.targets)
+    notes = [*ctx.assumptions, *vision_notes(ctx), *dict.fromkeys(mem.notes), levels.note]
     if len(layout.stages) > 1:
         notes.append(f"pipeline parallel: reporting the {mem.stage.name}, the busier of the first and last stages")
     return MemoryReport(
@@ -195,11 +246,12 @@ def estimate_training(spec: ModelSpec, workload: Workload, *, gpu: GpuSpec | Non
         model=spec.name,
         workload=workload,
         phases=tuple(phases),
-        peak_phase=peak_phase,
+        peak_phase=peak.name,
         allocated_bytes=allocated,
-        reserved_bytes=reserved,
-        device_bytes=reserved + runtime.runtime_bytes,
-        runtime=runtime.runtime,
+        reserved_bytes=levels.reserved,
+        device_bytes=levels.device,
+        runtime=levels.runtime,
+        safe=levels.safe,
         terms=tuple(mem.terms),
         assumptions=tuple(notes),
         gpu=gpu.name if gpu else None,

@@ -98,7 +98,11 @@ class WeightFormat:
     def quantizes(self, module: str, group: str, layer: int | None = None) -> bool:
         """Whether the linear ``module`` (of ``group`` attn_*/mlp_*/moe/mla_*) of decoder layer
         ``layer`` is stored quantized. A skip entry naming a layer (``model.layers.0.mlp.down_proj``)
-        applies to that layer only, as transformers matches skips against full module names."""
+        applies to that layer only, as transformers matches skips against full module names.
+        MXFP4 stores only routed experts (transformers' ``replace_with_mxfp4_linear`` converts
+        gpt-oss's expert modules and nothing else), whatever ``modules_to_not_convert`` says."""
+        if self.scheme is Scheme.MXFP4 and group != "moe":
+            return False
         for skipped in self.skip_modules:
             index = layer_index(skipped)
             if index is not None and index != layer:

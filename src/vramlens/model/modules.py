@@ -27,7 +27,15 @@ from vramlens.errors import ConfigError
 from vramlens.model.spec import FfnKind, LayerKind, MixerKind, MlpKind, ModelSpec
 from vramlens.model.ssm import MambaVersion
 
-__all__ = ["LinearShape", "all_layer_linears", "layer_kinds", "layer_linears", "register_mixer_linears"]
+__all__ = [
+    "LinearShape",
+    "all_layer_linears",
+    "is_shared_expert",
+    "layer_kinds",
+    "layer_linears",
+    "register_mixer_linears",
+    "shared_expert_prefix",
+]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -55,7 +63,7 @@ _PLAIN_MLP = {
 
 
 def _attention_linears(spec: ModelSpec) -> list[LinearShape]:
-    attention = spec.attention
+    attention = spec.attn
     h = spec.hidden_size
     mla = attention.mla
     if mla is not None:
@@ -147,7 +155,7 @@ def _moe_linears(spec: ModelSpec) -> list[LinearShape]:
     moe = spec.moe
     if moe is None or not moe.shared_intermediate_size:
         return []
-    prefix = _SHARED_PREFIX.get(spec.model_type, "shared_expert." if moe.shared_expert_gate else "shared_experts.")
+    prefix = shared_expert_prefix(spec)
     return _mlp_linears(spec, moe.shared_intermediate_size, moe.shared_kind, bias=moe.shared_bias, prefix=prefix)
 
 
@@ -208,6 +216,29 @@ def layer_kinds(spec: ModelSpec) -> tuple[LayerKind, ...]:
         order = (list(FfnKind), list(MixerKind))
         cache["layer_kinds"] = tuple(sorted(kinds, key=lambda k: (order[0].index(k.ffn), order[1].index(k.mixer))))
     return cache["layer_kinds"]  # type: ignore[return-value]
+
+
+#: Families whose one ungated shared expert is the module ``shared_expert`` (Llama 4's ``Llama4TextMoe``).
+_SINGLE_SHARED_EXPERT = {"llama4", "llama4_text"}
+
+
+def shared_expert_prefix(spec: ModelSpec) -> str:
+    """Module-name prefix of an MoE layer's shared expert: ``shared_expert.`` (Qwen2-MoE's gated
+    one, Llama 4's), ``shared_mlp.`` (Granite 4.0-H's) or ``shared_experts.`` (DeepSeek's fused ones,
+    Nemotron-H's)."""
+    assert spec.moe is not None
+    if spec.model_type in _SHARED_PREFIX:
+        return _SHARED_PREFIX[spec.model_type]
+    single = spec.moe.shared_expert_gate or spec.model_type in _SINGLE_SHARED_EXPERT
+    return "shared_expert." if single else "shared_experts."
+
+
+def is_shared_expert(spec: ModelSpec, shape: LinearShape) -> bool:
+    """Whether a linear belongs to an MoE layer's shared expert (not to the dense MLP)."""
+    moe = spec.moe
+    if moe is None or not moe.shared_intermediate_size:
+        return False
+    return shape.name.startswith(shared_expert_prefix(spec))
 
 
 def layer_linears(

@@ -20,6 +20,7 @@ from vramlens.model.spec import FfnKind, LayerKind, MixerKind, MlpKind, NormKind
 from vramlens.model.ssm import MambaVersion
 
 if TYPE_CHECKING:
+    from vramlens.model.generic.layout import GenericLayout
     from vramlens.model.spec import AttentionSpec, LinearAttentionSpec, MambaSpec, MlaSpec, MlpSpec, ModelSpec, MoeSpec
 
 _RMS = NormSpec(kind=NormKind.RMSNORM)
@@ -167,14 +168,15 @@ def mlp_parameters(mlp: MlpSpec, hidden: int) -> int:
 
 
 def expert_parameters(moe: MoeSpec, hidden: int) -> int:
-    """Elements of one routed expert (a bias-free MLP of width ``expert_intermediate_size``)."""
-    return _ffn_parameters(moe.expert_kind, hidden, moe.expert_intermediate_size, bias=False)
+    """Elements of one routed expert: an MLP of width ``expert_intermediate_size``, with biases
+    when ``expert_bias`` (gpt-oss ``gate_up_proj_bias`` [2i] and ``down_proj_bias`` [h])."""
+    return _ffn_parameters(moe.expert_kind, hidden, moe.expert_intermediate_size, bias=moe.expert_bias)
 
 
 def moe_parameters(moe: MoeSpec, hidden: int) -> tuple[int, int, int]:
     """Elements of one MoE block as ``(routed experts, shared experts + shared gate, router)``.
 
-    Router: ``E*h`` (a bias-free ``h -> E`` linear). Shared experts: one gated
+    Router: ``E*h`` (an ``h -> E`` linear, ``+E`` with gpt-oss's bias). Shared experts: one gated
     MLP of the total shared width, plus Qwen2-MoE's ``h -> 1`` shared gate.
     """
     routed = moe.num_experts * expert_parameters(moe, hidden)
@@ -183,7 +185,7 @@ def moe_parameters(moe: MoeSpec, hidden: int) -> tuple[int, int, int]:
         shared = _ffn_parameters(moe.shared_kind, hidden, moe.shared_intermediate_size, bias=moe.shared_bias)
     if moe.shared_expert_gate:
         shared += linear_parameters(hidden, 1, bias=False)
-    router = linear_parameters(hidden, moe.num_experts, bias=False)
+    router = linear_parameters(hidden, moe.num_experts, bias=moe.router_bias)
     return routed, shared, router
 
 
@@ -201,10 +203,6 @@ class ParameterBreakdown:
     """Learned absolute positions ``P*h`` (GPT-2); 0 for rotary/ALiBi."""
     attention: int
     """All layers' attention projections and q/k norms."""
-    ssm: int = 0
-    """All layers' Mamba mixers (projections, convolutions, A, D, dt, norms)."""
-    linear_attention: int = 0
-    """All layers' linear-attention mixers (gated DeltaNet)."""
     mlp: int
     """All dense layers' MLPs."""
     moe_experts: int
@@ -220,7 +218,20 @@ class ParameterBreakdown:
     lm_head: int
     """The output projection (0 when tied, except a bias)."""
     extra: int = 0
-    """Parts outside the decoder stack (vision towers, projectors)."""
+    """Other named parts outside the decoder stack of native families (``ModelSpec.extra_parameters``)."""
+    linear_attention: int = 0
+    """All layers' linear-attention mixers (gated DeltaNet), their convolutions included."""
+    ssm: int = 0
+    """All layers' state-space (Mamba) mixers: projections, convolutions, A, D, dt and gated norms."""
+    vision: int = 0
+    """A multimodal model's vision tower (its image encoder): a native family's
+    (``ModelSpec.vision``) or one read from the model's code."""
+    projector: int = 0
+    """The multimodal projector between a vision tower and the decoder."""
+    mtp: int = 0
+    """Multi-token-prediction layers built beside the decoder stack."""
+    other: int = 0
+    """Parameters of a model read from its code that no component names (shown, never dropped)."""
     persistent_buffers: int = 0
     """Elements of saved buffers that are not parameters (router score-correction biases)."""
 
@@ -231,8 +242,6 @@ class ParameterBreakdown:
             self.embedding
             + self.position_embedding
             + self.attention
-            + self.ssm
-            + self.linear_attention
             + self.mlp
             + self.moe_experts
             + self.moe_shared
@@ -240,7 +249,9 @@ class ParameterBreakdown:
             + self.norms
             + self.final_norm
             + self.lm_head
-            + self.extra
+            + self.linear_attention
+            + self.ssm
+            + self.outside_decoder
         )
 
     @property
@@ -256,6 +267,12 @@ class ParameterBreakdown:
             + self.moe_router
             + self.norms
         )
+
+    @property
+    def outside_decoder(self) -> int:
+        """Parameters outside the decoder stack (embedding and head aside): vision tower, projector,
+        multi-token-prediction layers, extra and unnamed parts."""
+        return self.extra + self.vision + self.projector + self.mtp + self.other
 
     @property
     def non_embedding(self) -> int:
@@ -282,7 +299,7 @@ def _linear_attention(spec: ModelSpec) -> Mapping[str, int]:
 
 
 def _attention(spec: ModelSpec) -> Mapping[str, int]:
-    return {"attention": attention_parameters(spec.attention, spec.hidden_size)}
+    return {"attention": attention_parameters(spec.attn, spec.hidden_size)}
 
 
 _MIXER_PARAMETERS: dict[MixerKind, MixerCounter] = {
@@ -338,7 +355,10 @@ def layer_parameters(spec: ModelSpec, kind: LayerKind) -> int:
 
 
 def parameter_breakdown(spec: ModelSpec) -> ParameterBreakdown:
-    """Count every parameter of ``spec`` by component (see :class:`ParameterBreakdown`), layer kind by layer kind."""
+    """Count every parameter of ``spec`` by component (see :class:`ParameterBreakdown`), layer kind by
+    layer kind (a model read from its code: the components its module tree was read into)."""
+    if spec.generic is not None:
+        return _generic_breakdown(spec.generic)
     hidden = spec.hidden_size
     slots: dict[str, int] = {}
     kinds: dict[LayerKind, int] = {}
@@ -363,12 +383,37 @@ def parameter_breakdown(spec: ModelSpec) -> ParameterBreakdown:
         final_norm=norm_parameters(spec.norm, hidden) if spec.final_norm else 0,
         lm_head=lm_head,
         extra=sum(count for _, count in spec.extra_parameters),
+        vision=spec.vision.tower_parameters if spec.vision is not None else 0,
+        projector=spec.vision.projector_parameters if spec.vision is not None else 0,
         persistent_buffers=moe_layers * spec.moe.num_experts if spec.moe and spec.moe.router_score_bias else 0,
         **{slot: slots.get(slot, 0) for slot in _LAYER_SLOTS},
     )
 
 
 _LAYER_SLOTS = ("attention", "ssm", "linear_attention", "mlp", "moe_experts", "moe_shared", "moe_router")
+
+
+def _generic_breakdown(layout: GenericLayout) -> ParameterBreakdown:
+    """The components a model's module tree was read into (:mod:`vramlens.model.generic`)."""
+    totals = {component.value: count for component, count in layout.totals().items()}
+    return ParameterBreakdown(
+        embedding=totals.get("embedding", 0),
+        position_embedding=totals.get("position_embedding", 0),
+        attention=totals.get("attention", 0),
+        mlp=totals.get("mlp", 0),
+        moe_experts=totals.get("moe_experts", 0),
+        moe_shared=totals.get("moe_shared", 0),
+        moe_router=totals.get("moe_router", 0),
+        norms=totals.get("norms", 0),
+        final_norm=totals.get("final_norm", 0),
+        lm_head=totals.get("lm_head", 0),
+        linear_attention=totals.get("linear_attention", 0),
+        ssm=totals.get("ssm", 0),
+        vision=totals.get("vision", 0),
+        projector=totals.get("projector", 0),
+        mtp=totals.get("mtp", 0),
+        other=totals.get("other", 0),
+    )
 
 
 def active_parameters(spec: ModelSpec) -> int:
@@ -378,6 +423,8 @@ def active_parameters(spec: ModelSpec) -> int:
     the routed experts only ``experts_per_token`` are. Equals ``total`` for dense
     models. (Mixtral 8x7B: 12.9B of 46.7B; DeepSeek-V3: 37B of 671B.)
     """
+    if spec.generic is not None:
+        return spec.generic.active
     total = spec.num_parameters
     if spec.moe is None or not spec.num_moe_layers:
         return total

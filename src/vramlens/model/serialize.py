@@ -35,6 +35,30 @@ def weight_bytes(spec: ModelSpec) -> int | None:
     return bytes_for(spec.num_parameters, spec.dtype)
 
 
+def _generic(spec: ModelSpec) -> dict[str, Any] | None:
+    """For a model read from transformers' code: the class and each layer kind (None for native families)."""
+    layout = spec.generic
+    if layout is None:
+        return None
+    counts = layout.kind_counts()
+    return {
+        "model_class": layout.model_class,
+        "auto_class": layout.auto_class,
+        "layer_kinds": [
+            {
+                "name": kind.name,
+                "layers": counts.get(index, 0),
+                "parameters_per_layer": kind.elements,
+                "components": {component.value: count for component, count in kind.components},
+                "linears": [shape.name for shape in kind.linears],
+            }
+            for index, kind in enumerate(layout.kinds)
+        ],
+        "num_experts": layout.num_experts,
+        "experts_per_token": layout.experts_per_token,
+    }
+
+
 def spec_summary(spec: ModelSpec) -> dict[str, Any]:
     """The headline numbers of a spec: one row of ``models list --format json``."""
     return {
@@ -45,10 +69,10 @@ def spec_summary(spec: ModelSpec) -> dict[str, Any]:
         "active_parameters": spec.active_parameters,
         "num_layers": spec.num_layers,
         "hidden_size": spec.hidden_size,
-        "num_attention_heads": spec.num_heads,
-        "num_key_value_heads": spec.num_kv_heads,
-        "head_dim": spec.head_dim,
-        "attention": spec.attention.kind,
+        "num_attention_heads": spec.num_heads if spec.attention is not None else None,
+        "num_key_value_heads": spec.num_kv_heads if spec.attention is not None else None,
+        "head_dim": spec.head_dim if spec.attention is not None else None,
+        "attention": spec.attention.kind if spec.attention is not None else None,
         "vocab_size": spec.vocab_size,
         "max_position_embeddings": spec.max_position_embeddings,
         "dtype": spec.dtype,
@@ -67,6 +91,7 @@ def spec_to_dict(spec: ModelSpec) -> dict[str, Any]:
         "intermediate_size": spec.mlp.intermediate_size if spec.mlp else None,
         "tie_word_embeddings": spec.tie_word_embeddings,
         "attention_spec": _plain(spec.attention),
+        "described_from": _generic(spec),
         "mlp": _plain(spec.mlp),
         "moe": _plain(spec.moe),
         "mamba": _plain(spec.mamba),
@@ -76,21 +101,24 @@ def spec_to_dict(spec: ModelSpec) -> dict[str, Any]:
             "moe": spec.num_moe_layers,
             "dense": sum(1 for layer in spec.layers if layer.ffn.value == "dense"),
             "sliding_window": sum(1 for w in windows if w is not None),
-            "global_attention": sum(1 for w in windows if w is None),
+            "global_attention": sum(1 for layer in spec.layers if layer.attends and layer.window is None),
             "windows": windows,
+            "chunks": [layer.chunk for layer in spec.layers],
+            "rope": [layer.rope for layer in spec.layers],
         },
         "norm": {**_plain(spec.norm), "per_layer": spec.norms_per_layer, "final": spec.final_norm},
         "position": _plain(spec.position),
         "sliding_window": spec.sliding_window,
         "parallel_residual": spec.parallel_residual,
         "dropout": {
-            "attention": spec.attention.dropout,
+            "attention": spec.attention.dropout if spec.attention is not None else None,
             "hidden": spec.hidden_dropout,
             "embedding": spec.embedding_dropout,
         },
         "final_logit_softcap": spec.final_logit_softcap,
         "quantization": _plain(spec.quantization),
         "extra_parameters": dict(spec.extra_parameters),
+        "vision": _plain(spec.vision),
         "checkpoint": spec.checkpoint.to_dict() if spec.checkpoint is not None else None,
         "assumptions": list(spec.assumptions),
     }

@@ -30,11 +30,14 @@ from vramlens.model.components import (
     PositionKind,
     PositionSpec,
     QKNorm,
+    TowerLinear,
+    VisionSpec,
     _require,
 )
 from vramlens.model.ssm import LinearAttentionSpec, MambaSpec
 
 if TYPE_CHECKING:
+    from vramlens.model.generic.layout import GenericLayout
     from vramlens.model.params import ParameterBreakdown
     from vramlens.model.quantization import QuantizationSpec
     from vramlens.model.safetensors import CheckpointSummary
@@ -57,6 +60,8 @@ __all__ = [
     "PositionKind",
     "PositionSpec",
     "QKNorm",
+    "TowerLinear",
+    "VisionSpec",
 ]
 
 
@@ -79,8 +84,8 @@ class ModelSpec:
     """Decoder layers ``L``."""
     vocab_size: int
     """Rows of the embedding (and of the LM head)."""
-    attention: AttentionSpec
-    """Self-attention shape."""
+    attention: AttentionSpec | None
+    """Self-attention shape (None for a model described from its code: see ``generic``)."""
     mlp: MlpSpec | None
     """The dense FFN used by non-MoE layers (None when every layer is MoE)."""
     moe: MoeSpec | None = None
@@ -118,7 +123,9 @@ class ModelSpec:
     checkpoint: CheckpointSummary | None = field(default=None, repr=False, compare=False)
     """Exact tensor counts and bytes read from the safetensors headers, when the model came from files."""
     extra_parameters: tuple[tuple[str, int], ...] = ()
-    """Named parameter counts of parts outside the decoder stack (e.g. a vision tower)."""
+    """Named parameter counts of other parts outside the decoder stack."""
+    vision: VisionSpec | None = None
+    """The vision tower and projector of a multimodal model (None for text-only models)."""
     architecture: str | None = None
     """First entry of ``architectures`` in the config, if any."""
     hf_id: str | None = None
@@ -128,7 +135,11 @@ class ModelSpec:
     config: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
     """The ``config.json`` the spec was parsed from (the simulator builds the real model from it)."""
     assumptions: tuple[str, ...] = ()
-    """What the parser had to assume (defaults for absent keys, unknown model_type, ...)."""
+    """What the parser had to assume (defaults for absent keys, aliases, ...)."""
+    generic: GenericLayout | None = field(default=None, compare=False)
+    """Set when no native family describes the model: its parameters as read from transformers'
+    module tree (:mod:`vramlens.model.generic`); its memory then comes from recipes traced from
+    the real code, never from the attention/MLP formulas."""
 
     def __post_init__(self) -> None:
         _require(self.hidden_size > 0, "hidden_size: must be a positive integer")
@@ -138,38 +149,50 @@ class ModelSpec:
             len(self.layers) == self.num_layers,
             f"layers: {len(self.layers)} layer entries for num_layers={self.num_layers}",
         )
-        uses_moe = any(layer.ffn is FfnKind.MOE for layer in self.layers)
-        uses_dense = any(layer.ffn is FfnKind.DENSE for layer in self.layers)
-        _require(not uses_moe or self.moe is not None, "moe: MoE layers present but no MoE block described")
-        _require(not uses_dense or self.mlp is not None, "mlp: dense layers present but no dense MLP described")
-        _require(
-            self.mamba is not None or not any(layer.mixer in MAMBA_MIXERS for layer in self.layers),
-            "mamba: Mamba layers present but no Mamba mixer described",
-        )
-        _require(
-            self.linear_attention is not None
-            or not any(layer.mixer is MixerKind.LINEAR_ATTENTION for layer in self.layers),
-            "linear_attention: linear-attention layers present but no linear-attention mixer described",
-        )
+        if self.generic is None:
+            uses_moe = any(layer.ffn is FfnKind.MOE for layer in self.layers)
+            uses_dense = any(layer.ffn is FfnKind.DENSE for layer in self.layers)
+            _require(self.attention is not None, "attention: a native family must describe its attention")
+            _require(not uses_moe or self.moe is not None, "moe: MoE layers present but no MoE block described")
+            _require(not uses_dense or self.mlp is not None, "mlp: dense layers present but no dense MLP described")
+            _require(
+                self.mamba is not None or not any(layer.mixer in MAMBA_MIXERS for layer in self.layers),
+                "mamba: Mamba layers present but no Mamba mixer described",
+            )
+            _require(
+                self.linear_attention is not None
+                or not any(layer.mixer is MixerKind.LINEAR_ATTENTION for layer in self.layers),
+                "linear_attention: linear-attention layers present but no linear-attention mixer described",
+            )
+        else:
+            _require(len(self.generic.layer_kinds) == self.num_layers, "generic: one layer kind per decoder layer")
         _require(self.norms_per_layer >= 0, "norms_per_layer: must not be negative")
         for name, extra in self.extra_parameters:
             _require(extra >= 0, f"extra_parameters.{name}: must not be negative")
 
     # ---- shape shortcuts -------------------------------------------------
     @property
+    def attn(self) -> AttentionSpec:
+        """The attention shape of a native family (a model described from its code has none to read:
+        its estimates come from recipes, and reaching here is a bug, not a guess)."""
+        if self.attention is None:
+            raise AssertionError(f"{self.name}: attention shape asked of a model described from its code")
+        return self.attention
+
+    @property
     def num_heads(self) -> int:
         """Query heads."""
-        return self.attention.num_heads
+        return self.attn.num_heads
 
     @property
     def num_kv_heads(self) -> int:
         """Key/value heads."""
-        return self.attention.num_kv_heads
+        return self.attn.num_kv_heads
 
     @property
     def head_dim(self) -> int:
         """Head size."""
-        return self.attention.head_dim
+        return self.attn.head_dim
 
     @property
     def max_position_embeddings(self) -> int:

@@ -16,7 +16,7 @@ from vramlens.hardware import resolve_gpu
 from vramlens.model.resolve import load_model
 from vramlens.plan.model import Candidate, Change
 from vramlens.plan.planner import Source, default_time_model, plan, prepare, smallest_gpus
-from vramlens.plan.search import Progress, TimeModel
+from vramlens.plan.search import Progress, TimeModel, fits_with_headroom
 from vramlens.workload.load import load_workload, workload_to_dict
 from vramlens.workload.spec import Workload
 
@@ -128,7 +128,7 @@ def _path(user: Workload, candidate: Candidate, model: TimeModel, headroom: floa
             tried = [(estimate_resolved(spec, changed, gpu), " + ".join(n for n, _ in left), changes, changed)]
         report, name, changes, current = min(tried, key=lambda t: t[0].device_bytes)
         left = [(n, c) for n, c in left if c[0] not in changes]
-        fits = report.capacity_bytes is not None and report.device_bytes <= report.capacity_bytes * (1 - headroom)
+        fits = fits_with_headroom(report, headroom)
         factor = model(current, report) / base_seconds if base_seconds > 0 else 1.0
         steps.append(
             ChangeStep(

@@ -142,7 +142,7 @@ def _candidates(
         Candidate(
             workload=point.workload,
             report=point.report,
-            headroom_bytes=(point.report.capacity_bytes or 0) - point.report.device_bytes,
+            headroom_bytes=(point.report.capacity_bytes or 0) - point.report.fit_bytes,
             step_seconds=point.seconds,
             relative_step_time=point.seconds / reference if reference > 0 else 1.0,
             changes=workload_changes(user, point.workload),

@@ -41,10 +41,11 @@ Progress = Callable[[int, int], None]
 
 
 def fits_with_headroom(report: MemoryReport, headroom: float) -> bool:
-    """Device-level peak <= capacity x (1 - headroom) (False without a capacity)."""
+    """The device level's safe figure (:attr:`MemoryReport.fit_bytes`) fits the GPU and its point
+    estimate leaves ``headroom`` of it free (False without a capacity)."""
     if report.capacity_bytes is None:
         return False
-    return report.device_bytes <= report.capacity_bytes * (1.0 - headroom)
+    return report.fit_bytes <= report.capacity_bytes and report.device_bytes <= report.capacity_bytes * (1.0 - headroom)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

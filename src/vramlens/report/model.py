@@ -18,7 +18,7 @@ from vramlens.categories import Category
 if TYPE_CHECKING:
     from vramlens.trace.timeline import Timeline
 
-__all__ = ["MemoryReport", "PhaseMemory", "ServingCapacity", "Term"]
+__all__ = ["Margin", "MemoryReport", "PhaseMemory", "SafeLevels", "ServingCapacity", "Term"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -99,6 +99,40 @@ class ServingCapacity:
         return {name: getattr(self, name) for name in names} | {"fits": self.fits}
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Margin:
+    """What one kind of term may add beyond its point estimate, and where the figure comes from."""
+
+    kind: str
+    """framework rules, data noise, modelled allocator or measured constants."""
+    level: str
+    """The lowest level it applies to (allocated, reserved or device); higher levels include it."""
+    bytes: int
+    source: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "level": self.level, "bytes": self.bytes, "source": self.source}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SafeLevels:
+    """Each level's safe figure: the point estimate plus the margins of the terms it contains,
+    sized so that at least 95% of the public measurements are at or below it."""
+
+    allocated_bytes: int
+    reserved_bytes: int
+    device_bytes: int
+    margins: tuple[Margin, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "allocated_bytes": self.allocated_bytes,
+            "reserved_bytes": self.reserved_bytes,
+            "device_bytes": self.device_bytes,
+            "margins": [margin.to_dict() for margin in self.margins],
+        }
+
+
 @dataclass(frozen=True, kw_only=True)
 class MemoryReport:
     """Per-GPU memory of one workload: phases, peak at three levels, fit, and why."""
@@ -130,6 +164,8 @@ class MemoryReport:
     device_known: bool = True
     """False for a measured record that did not record the device level: ``device_bytes``
     then repeats ``reserved_bytes`` and the JSON says null for it (and for the runtime)."""
+    safe: SafeLevels | None = None
+    """Estimates: each level's safe figure and its margins (None for measured and simulated runs)."""
 
     def __post_init__(self) -> None:
         names = [phase.name for phase in self.phases]
@@ -155,23 +191,28 @@ class MemoryReport:
         return self.device_bytes - self.reserved_bytes
 
     @property
+    def fit_bytes(self) -> int:
+        """The device-level figure compared with a GPU: the safe one when the report has it."""
+        return self.safe.device_bytes if self.safe is not None else self.device_bytes
+
+    @property
     def fits(self) -> bool | None:
-        """Whether the device-level peak fits the GPU (and, for vLLM, the sequences fit its KV
-        pool); None when no GPU was given."""
+        """Whether the device level (its safe figure for an estimate) fits the GPU (and, for vLLM,
+        the sequences fit its KV pool); None when no GPU was given."""
         if self.capacity_bytes is None:
             return None
         pool_fits = self.serving.fits if self.serving is not None else None
-        return self.device_bytes <= self.capacity_bytes and pool_fits is not False
+        return self.fit_bytes <= self.capacity_bytes and pool_fits is not False
 
     @property
     def headroom_bytes(self) -> int | None:
-        """Capacity minus the device-level peak (negative: short by that much); for vLLM, its
-        KV pool minus the KV the sequences need."""
+        """Capacity minus the device level compared with it (:attr:`fit_bytes`; negative: short by
+        that much); for vLLM, its KV pool minus the KV the sequences need."""
         if self.capacity_bytes is None:
             return None
         if self.serving is not None and self.serving.kv_pool_bytes is not None:
             return self.serving.kv_pool_bytes - self.serving.kv_bytes_needed
-        return self.capacity_bytes - self.device_bytes
+        return self.capacity_bytes - self.fit_bytes
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-safe report contract."""
@@ -192,6 +233,7 @@ class MemoryReport:
             },
             "phases": [phase.to_dict() for phase in self.phases],
             "gpu": None if self.gpu is None else {"name": self.gpu, "capacity_bytes": self.capacity_bytes},
+            "safe": None if self.safe is None else self.safe.to_dict(),
             "fits": self.fits,
             "headroom_bytes": self.headroom_bytes,
             "terms": [term.to_dict() for term in self.terms],

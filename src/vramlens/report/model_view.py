@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from vramlens.model.catalog import CatalogEntry
+from vramlens.model.generic.layout import GenericLayout
 from vramlens.model.serialize import weight_bytes
 from vramlens.model.spec import ModelSpec, PositionKind, QKNorm
 from vramlens.units import format_bytes, format_count
@@ -48,7 +49,7 @@ def models_table(rows: Sequence[tuple[CatalogEntry, ModelSpec]]) -> Table:
             active,
             str(spec.num_layers),
             str(spec.hidden_size),
-            f"{spec.num_heads}/{spec.num_kv_heads}",
+            f"{spec.num_heads}/{spec.num_kv_heads}" if spec.attention is not None else "",
             f"{spec.max_position_embeddings:,}",
             spec.dtype,
         )
@@ -61,6 +62,13 @@ def _layers_text(spec: ModelSpec) -> str:
     if sliding:
         windows = ", ".join(str(w) for w in sorted(set(sliding)))
         text += f" ({len(sliding)} sliding-window [{windows}], {spec.num_layers - len(sliding)} global)"
+    chunked = [layer.chunk for layer in spec.layers if layer.chunk is not None]
+    if chunked:
+        chunks = ", ".join(str(c) for c in sorted(set(chunked)))
+        text += f" ({len(chunked)} chunked-attention [{chunks}])"
+    nope = sum(1 for layer in spec.layers if not layer.rope)
+    if nope and spec.position.kind.value == "rope":
+        text += f" ({nope} without rotary embeddings)"
     if spec.is_moe:
         dense = sum(1 for layer in spec.layers if layer.ffn.value == "dense")
         text += f"; {spec.num_moe_layers} MoE, {dense} dense"
@@ -96,7 +104,7 @@ def _mixer_rows(spec: ModelSpec) -> list[tuple[str, str]]:
 
 
 def _attention_text(spec: ModelSpec) -> str:
-    attention = spec.attention
+    attention = spec.attn
     if attention.mla is not None:
         mla = attention.mla
         return (
@@ -158,16 +166,27 @@ def describe_model(spec: ModelSpec, entry: CatalogEntry | None = None) -> Table:
         table.add_row("hf id", spec.hf_id)
     table.add_row("layers", _layers_text(spec))
     table.add_row("hidden size", str(spec.hidden_size))
-    table.add_row("attention", _attention_text(spec))
-    for name, text in _mixer_rows(spec) + _ffn_text(spec):
-        table.add_row(name, text)
+    if spec.generic is not None:
+        _generic_rows(table, spec.generic)
+    else:
+        table.add_row("attention", _attention_text(spec))
+        for name, text in _mixer_rows(spec) + _ffn_text(spec):
+            table.add_row(name, text)
     head = "tied to the embedding" if spec.tie_word_embeddings else "separate LM head"
     table.add_row("vocabulary", f"{spec.vocab_size:,} ({head})")
-    table.add_row("positions", _position_text(spec))
-    bias = " with bias" if spec.norm.bias else ""
-    table.add_row("norms", f"{spec.norm.kind.value}{bias}, {spec.norms_per_layer} per layer")
+    if spec.generic is None:
+        table.add_row("positions", _position_text(spec))
+        bias = " with bias" if spec.norm.bias else ""
+        table.add_row("norms", f"{spec.norm.kind.value}{bias}, {spec.norms_per_layer} per layer")
     size = weight_bytes(spec)
     weights = f"; weights {format_bytes(size)}" if size is not None else ""
+    if spec.vision is not None:
+        v = spec.vision
+        table.add_row(
+            "vision",
+            f"{v.kind} tower ({v.num_layers} layers, width {v.hidden_size}): {format_count(v.tower_parameters)}; "
+            f"projector {format_count(v.projector_parameters)}",
+        )
     table.add_row("dtype", f"{spec.dtype}{weights}")
     if spec.quantization is not None:
         q = spec.quantization
@@ -181,6 +200,19 @@ def describe_model(spec: ModelSpec, entry: CatalogEntry | None = None) -> Table:
             f"{len(ckpt.files)} file(s), {ckpt.num_tensors} tensors, {ckpt.total_elements:,} elements, {format_bytes(ckpt.total_bytes)} ({dtypes})",
         )
     return table
+
+
+def _generic_rows(table: Table, layout: GenericLayout) -> None:
+    """What the generic reader found: the built class and each kind of layer."""
+    table.add_row("described from", f"transformers' {layout.model_class} ({layout.auto_class}), on the meta device")
+    counts = layout.kind_counts()
+    for index, kind in enumerate(layout.kinds):
+        table.add_row(
+            f"layer kind {index + 1}",
+            f"{counts.get(index, 0)} x {kind.name}: {format_count(kind.elements)} parameters, {len(kind.linears)} linears",
+        )
+    if layout.num_experts:
+        table.add_row("experts", f"{layout.num_experts} routed, top-{layout.experts_per_token or '?'}")
 
 
 def _bar(share: float) -> str:

@@ -13,7 +13,7 @@ Every suggestion is computed from the measured breakdown at the OOM, never canne
 * optimizer state and gradients -> ZeRO-2 / FSDP sharding over the fewest ranks that suffice.
 
 The shortfall is the segment the allocator had to ``cudaMalloc`` (``get_allocation_size`` of
-the rounded request, :mod:`vramlens.simulate.allocator`) minus the free bytes the driver
+the rounded request, :mod:`vramlens.allocator`) minus the free bytes the driver
 reported at the OOM. Bytes saved are upper bounds on allocated memory; freed blocks give
 the shortfall back only when they free whole segments (or with expandable segments).
 """
@@ -26,10 +26,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from vramlens.allocator import ReplayResult, round_size, segment_size
 from vramlens.categories import Category
 from vramlens.errors import InputError
 from vramlens.report.forensics import Lifetimes, LiveAllocation, live_allocations
-from vramlens.simulate.allocator import ReplayResult, round_size, segment_size
 from vramlens.trace.timeline import CATEGORY_ORDER, Timeline
 from vramlens.units import format_bytes
 

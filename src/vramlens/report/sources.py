@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from vramlens._compat import StrEnum
+from vramlens.allocator import AllocatorSettings
 from vramlens.categories import TORCH_PROFILER_CATEGORIES
 from vramlens.errors import InputError
-from vramlens.simulate.allocator import AllocatorSettings
 from vramlens.trace.timeline import CATEGORY_ORDER, Timeline, TimelineBuilder
 
 __all__ = ["ACCEPTED", "PROFILER_CATEGORIES", "Source", "SourceFormat", "open_source"]

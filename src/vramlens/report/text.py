@@ -28,6 +28,7 @@ __all__ = [
     "fit_line",
     "headline",
     "level_rows",
+    "safe_lines",
     "markdown_report",
     "print_report",
     "report_renderable",
@@ -77,6 +78,24 @@ def level_rows(report: MemoryReport) -> list[tuple[str, int | None, str]]:
         ("reserved", report.reserved_bytes, "torch.cuda.max_memory_reserved(): + allocator slack"),
         ("device", device, "nvidia-smi: + CUDA context" + (", NCCL" if "nccl" in report.runtime else "")),
     ]
+
+
+def safe_lines(report: MemoryReport) -> list[str]:
+    """The safe figures and their margins (estimates), as the fit compares them with a GPU."""
+    safe = report.safe
+    if safe is None:
+        return []
+    lines = [
+        f"safe (at least 95% of public measurements at or below): allocated {format_bytes(safe.allocated_bytes)}, "
+        f"reserved {format_bytes(safe.reserved_bytes)}, device {format_bytes(safe.device_bytes)}"
+        + (" - the fit uses the safe device figure" if report.capacity_bytes is not None else "")
+    ]
+    lines += [
+        f"  + {margin.kind} ({margin.level}): {format_bytes(margin.bytes)} - {margin.source}"
+        for margin in safe.margins
+        if margin.bytes
+    ]
+    return lines
 
 
 def _levels_table(report: MemoryReport) -> Table:
@@ -173,6 +192,7 @@ def report_renderable(report: MemoryReport, *, explain: bool = False, ascii_only
         fit_line(report),
         timeline_renderable(report, ascii_only=ascii_only),
         _levels_table(report),
+        *(Text(line) for line in safe_lines(report)),
         _breakdown_table(report, ascii_only=ascii_only),
         _phases_table(report, ascii_only=ascii_only),
         *(Text(line) for line in serving_lines(report)),

@@ -8,7 +8,7 @@
   as :func:`vramlens.simulate.report.allocated_timeline` does; a snapshot's trace holds
   requested sizes, so its block sizes are rebuilt the same way), ``reserved`` measured (a
   snapshot's segments at dump time) and modelled (the events replayed through
-  :func:`vramlens.simulate.allocator.replay`), ``device`` only when the record has it;
+  :func:`vramlens.allocator.replay`), ``device`` only when the record has it;
 * the breakdown at the allocated peak by category and by module, the phases, the largest
   allocations live at the peak, leaks across steps and OOM forensics
   (:mod:`vramlens.report.forensics`, :mod:`vramlens.report.oom`);
@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from vramlens.allocator import ReplayResult, replay
 from vramlens.categories import Category
 from vramlens.errors import InputError
 from vramlens.report.forensics import (
@@ -40,7 +41,6 @@ from vramlens.report.forensics import (
 from vramlens.report.model import MemoryReport, PhaseMemory
 from vramlens.report.oom import OomForensics, explain_oom
 from vramlens.report.sources import Source, SourceFormat
-from vramlens.simulate.allocator import ReplayResult, replay
 from vramlens.simulate.report import allocated_timeline
 from vramlens.trace.timeline import CATEGORY_ORDER, Timeline
 from vramlens.units import format_bytes

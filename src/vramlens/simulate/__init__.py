@@ -16,13 +16,13 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from vramlens.allocator import AllocatorSettings
 from vramlens.errors import InputError
 from vramlens.hardware import GpuSpec, resolve_gpu
 from vramlens.model.resolve import load_model
 from vramlens.model.spec import ModelSpec
 from vramlens.report.model import MemoryReport
 from vramlens.simulate._guard import DEFAULT_TIMEOUT_S, check_timeout
-from vramlens.simulate.allocator import AllocatorSettings
 from vramlens.simulate.build import SimulationError
 from vramlens.simulate.module import simulate_module
 from vramlens.workload.load import load_workload
@@ -48,7 +48,7 @@ def simulate(
 
     ``steps`` training steps run and the last is reported; ``capture_stacks`` records the
     Python stack of each allocation in the timeline; ``allocator`` sets the caching
-    allocator model (``PYTORCH_CUDA_ALLOC_CONF``; default: PyTorch's defaults and the
+    allocator model (default: the workload's ``alloc_conf`` and the
     GPU's capacity); ``timeout_s`` limits the wall time (None: no limit; the limit works
     in the main thread on POSIX). Keyword ``overrides`` take precedence over the workload's keys.
     """

@@ -11,12 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 from vramlens._extras import require
+from vramlens.allocator import AllocatorSettings
 from vramlens.errors import VramlensError
 from vramlens.hardware import GpuSpec
 from vramlens.model.spec import ModelSpec
 from vramlens.report.model import MemoryReport
 from vramlens.simulate._guard import DEFAULT_TIMEOUT_S, deadline, failure_message
-from vramlens.simulate.allocator import AllocatorSettings
 from vramlens.simulate.build import SimulationError, real_code_paths
 from vramlens.simulate.report import simulation_report
 from vramlens.workload.spec import Workload

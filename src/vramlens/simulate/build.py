@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 from unittest import mock
 
@@ -168,19 +168,34 @@ def attention_note(model: Any) -> str | None:
     """The assumption to report when the model runs the SDPA stand-in for its GPU kernel."""
     if getattr(model.config, "_attn_implementation", None) != KERNEL_STAND_IN:
         return None
+    from vramlens.estimate.styles import HF_STYLES, HfStyle
+
+    kernel = HF_STYLES.get(getattr(model.config, "model_type", ""), HfStyle()).gpu_kernel
     return (
         f"attention: {type(model).__name__} refuses SDPA in transformers; simulated with SDPA's flash path "
-        "standing in for flash-attention 2 (same saved tensors; soft-capping does not change memory)"
+        f"standing in for {kernel} (the same saved tensors; soft-capping and sinks do not change memory)"
     )
 
 
 def _from_config(spec: ModelSpec, config: Any, dtype: Any) -> Any:
+    """The model class the spec describes: a multimodal spec (``spec.vision``) is the whole
+    image-text-to-text model, vision tower included (``AutoModelForCausalLM`` maps some of
+    these types to their text model alone: Llama 4); anything else the causal LM."""
     torch = require("torch", purpose="vramlens simulate")
     transformers = require("transformers", purpose="vramlens simulate")
+    # A model described from its code is built by the auto class its reader used; a native multimodal
+    # spec (``spec.vision``) is the whole image-text-to-text model, vision tower included
+    # (``AutoModelForCausalLM`` maps some of these types to their text model alone: Llama 4).
+    if spec.generic:
+        auto = getattr(transformers, spec.generic.auto_class)
+    elif spec.vision is not None:
+        auto = transformers.AutoModelForImageTextToText
+    else:
+        auto = transformers.AutoModelForCausalLM
     try:
         with warnings.catch_warnings(), torch.device("meta"):
             warnings.simplefilter("ignore")
-            return transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+            return auto.from_config(config, dtype=dtype)
     except (ValueError, KeyError, AttributeError, TypeError, RuntimeError) as error:
         if "scaled_dot_product_attention" in str(error) and config._attn_implementation == "sdpa":
             _register_stand_in()
@@ -193,14 +208,26 @@ def _from_config(spec: ModelSpec, config: Any, dtype: Any) -> Any:
 
 
 def build_model(
-    spec: ModelSpec, workload: Workload, *, dtype: Any, attention: AttentionImpl, fake_mode: Any, weights: Any = None
+    spec: ModelSpec,
+    workload: Workload,
+    *,
+    dtype: Any,
+    attention: AttentionImpl,
+    fake_mode: Any,
+    weights: Any = None,
+    prepare: Callable[[Any], None] | None = None,
 ) -> Any:
     """The model on fake CPU tensors, with LoRA adapters when the workload asks for them and
     bitsandbytes NF4 linears for QLoRA (or inference ``weights`` of scheme bnb-4bit), as
-    :mod:`vramlens.simulate.quant` describes."""
+    :mod:`vramlens.simulate.quant` describes. ``prepare`` edits the model while it is still
+    on the meta device (the recipe tracer keeps a few of its layers)."""
     from vramlens.simulate.quant import nf4_settings, quantize_model, use_bnb_lora_forward
 
     model = _from_config(spec, hf_config(spec, attention), dtype)
+    if prepare is not None:
+        prepare(model)
+    if workload.method.value in ("lora", "qlora") and workload.lora.targets == ALL_LINEAR:
+        _check_all_linear(model)
     compute = spec.quantization.compute_dtype if spec.quantization is not None else None
     nf4 = nf4_settings(workload, dtype=dtype, weights=weights, compute=compute)
     if nf4 is not None:
@@ -213,8 +240,39 @@ def build_model(
         model.to_empty(device="cpu")
         # to_empty gives every module its own new tensor, so tied weights come apart; re-tie.
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        base.tie_weights()
+        _retie(base, cut=prepare is not None)
     return model
+
+
+def _check_all_linear(model: Any) -> None:
+    """Refuse ``all-linear`` LoRA on a model with an ``nn.Linear`` subclass that has its own
+    forward (Llama 4's router returns a tuple): PEFT wraps it and its forward fails."""
+    torch = require("torch", purpose="vramlens simulate")
+    linear = torch.nn.Linear
+    odd = sorted(
+        {type(m).__name__ for m in model.modules() if isinstance(m, linear) and type(m).forward is not linear.forward}
+    )
+    if odd:
+        raise SimulationError(
+            f"lora.targets: all-linear would wrap {', '.join(odd)} (an nn.Linear with its own forward), which PEFT's "
+            "LoRA forward cannot run; list the modules to adapt"
+        )
+
+
+def _retie(model: Any, *, cut: bool) -> None:
+    """Re-tie weights after ``to_empty``. In a model cut down to a few layers (recipes), ties
+    that name layers no longer there (Zamba's block shared by every hybrid layer: the same
+    module object in each kept layer, materialized once) cannot be resolved; then only the
+    input embedding and the LM head are re-tied, as the config asks."""
+    try:
+        model.tie_weights()
+    except ValueError:
+        if not cut:
+            raise
+        head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
+        text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        if head is not None and embedding is not None and getattr(text, "tie_word_embeddings", False):
+            head.weight = embedding.weight
 
 
 def _with_lora(model: Any, workload: Workload) -> Any:

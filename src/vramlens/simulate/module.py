@@ -28,12 +28,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from vramlens._extras import require
+from vramlens.allocator import AllocatorSettings
 from vramlens.categories import Category
 from vramlens.errors import InputError, VramlensError
 from vramlens.hardware import GpuSpec, resolve_gpu
 from vramlens.report.model import MemoryReport
 from vramlens.simulate._guard import DEFAULT_TIMEOUT_S, check_timeout, deadline, failure_message
-from vramlens.simulate.allocator import AllocatorSettings
 from vramlens.simulate.build import SimulationError, cuda_code_paths, real_code_paths
 from vramlens.simulate.report import simulation_report
 from vramlens.units import format_bytes, format_count

@@ -6,7 +6,7 @@
   blocks (``kMinBlockSize``), plus the cuBLAS workspace the estimator also counts
   (a CUDA allocation a CPU run does not make), at the peak of the measured step.
 * ``reserved``: the same events replayed through the caching-allocator model
-  (:mod:`vramlens.simulate.allocator`): segments, block splitting, cached free blocks.
+  (:mod:`vramlens.allocator`): segments, block splitting, cached free blocks.
 * ``device``: reserved plus the CUDA runtime (context, NCCL), the estimator's constants.
 """
 
@@ -18,14 +18,14 @@ from typing import Any
 
 import numpy as np
 
+from vramlens.allocator import K_MIN_BLOCK_SIZE, AllocatorSettings, replay
 from vramlens.categories import Category
-from vramlens.estimate.runtime import CUBLAS_WORKSPACE_BYTES, runtime_memory
+from vramlens.estimate.runtime import CUBLAS_WORKSPACE_BYTES, runtime_parts
 from vramlens.hardware import GpuSpec
 from vramlens.report.model import MemoryReport, PhaseMemory
-from vramlens.simulate.allocator import K_MIN_BLOCK_SIZE, AllocatorSettings, replay
 from vramlens.trace.timeline import Timeline
 from vramlens.units import format_bytes
-from vramlens.workload.spec import Workload
+from vramlens.workload.spec import Parallelism, Workload
 
 __all__ = ["allocated_timeline", "simulation_report"]
 
@@ -68,9 +68,10 @@ def _reserved(timeline: Timeline, settings: AllocatorSettings) -> tuple[int, int
     return result.peak_reserved_bytes, len(result.ooms)
 
 
-def _gpus(workload: Any) -> int:
-    """GPUs of the run (for the runtime's NCCL share): the workload's, 1 for a user's own module."""
-    return workload.parallel.gpus if isinstance(workload, Workload) else 1
+def _runtime(workload: Any) -> dict[str, int]:
+    """The device level's parts beyond reserved (:func:`vramlens.estimate.runtime.runtime_parts`):
+    the workload's parallelism, one GPU for a user's own module."""
+    return runtime_parts(workload.parallel if isinstance(workload, Workload) else Parallelism())
 
 
 def simulation_report(
@@ -94,10 +95,11 @@ def simulation_report(
     if not found:
         raise ValueError("the simulated run recorded no events in its phases")
     peak = max(found, key=lambda phase: phase.allocated_bytes)
-    settings = allocator or AllocatorSettings(capacity_bytes=gpu.memory_bytes if gpu else None)
+    conf = workload.alloc_conf if isinstance(workload, Workload) else ""
+    settings = allocator or AllocatorSettings.from_conf(conf, capacity_bytes=gpu.memory_bytes if gpu else None)
     reserved, ooms = _reserved(timeline, settings)
     reserved = max(reserved, peak.allocated_bytes)
-    runtime = runtime_memory(peak.allocated_bytes, fragmentation=0.0, gpus=_gpus(workload))
+    runtime = _runtime(workload)
     assumptions = [
         *notes,
         f"tensor peak {format_bytes(timeline.peak_bytes)} (raw storage bytes, as a CPU run allocates them); "
@@ -114,8 +116,8 @@ def simulation_report(
         peak_phase=peak.name,
         allocated_bytes=peak.allocated_bytes,
         reserved_bytes=reserved,
-        device_bytes=reserved + runtime.runtime_bytes,
-        runtime=runtime.runtime,
+        device_bytes=reserved + sum(runtime.values()),
+        runtime=runtime,
         assumptions=tuple(assumptions),
         gpu=gpu.name if gpu else None,
         capacity_bytes=gpu.memory_bytes if gpu else None,

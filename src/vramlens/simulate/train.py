@@ -193,7 +193,13 @@ def _recompute(model: Any, workload: Any) -> list[str]:
     every = workload.recompute_every
     if every == 1:
         return ["recompute full: transformers gradient checkpointing (non-reentrant) on every decoder layer"]
-    layers = [m for m in model.modules() if hasattr(m, "gradient_checkpointing") and type(m).__name__.endswith("Layer")]
+    layers = [
+        m
+        for name, m in model.named_modules()
+        if hasattr(m, "gradient_checkpointing")
+        and type(m).__name__.endswith("Layer")
+        and not any(part in name for part in ("vision", "visual"))  # a multimodal model's tower has its own
+    ]
     for index, layer in enumerate(layers):
         layer.gradient_checkpointing = index % every == 0
     return [f"recompute full every {every}: checkpointing on decoder layers 0, {every}, {2 * every}, ..."]

@@ -12,7 +12,7 @@ What is written, for device ``device`` (``device_traces`` has an empty list for 
   the timeline's bytes as the requested ``size`` (zero-byte events are dropped: the CUDA
   allocator hands out no block for them);
 * addresses from replaying the events through vramlens' model of the caching allocator
-  (:mod:`vramlens.simulate._caching`: 512-byte rounding, small/large pools, 2/20 MiB segments,
+  (:mod:`vramlens.allocator._caching`: 512-byte rounding, small/large pools, 2/20 MiB segments,
   best fit, splitting and merging), so ``segment_alloc`` entries, block addresses and the final
   ``segments`` (blocks live at the end as ``active_allocated`` with rounded ``size`` and
   ``requested_size``, the rest ``inactive``) follow PyTorch's allocator rules. Expandable
@@ -123,8 +123,8 @@ class _TraceWriter:
     """Builds the trace of one device while replaying the events through the allocator model."""
 
     def __init__(self, timeline: Timeline, device: int) -> None:
-        from vramlens.simulate._blocks import K_LARGE_BUFFER, ROUNDUP_INTERVALS
-        from vramlens.simulate._caching import CachingAllocatorModel
+        from vramlens.allocator._blocks import K_LARGE_BUFFER, ROUNDUP_INTERVALS
+        from vramlens.allocator._caching import CachingAllocatorModel
 
         self.timeline = timeline
         self.device = device

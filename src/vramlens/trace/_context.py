@@ -58,6 +58,7 @@ class RunContext:
         self._recategorize = recategorize
         self._names: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         self._stack: list[int] = []
+        self._stack_names: list[str] = []
         self._explicit: list[int] = []
         self._backward_module = -1
         self._in_optimizer = False
@@ -155,16 +156,31 @@ class RunContext:
         return self._events.code("stack", "\n".join(reversed(frames)))
 
     # -- hooks -------------------------------------------------------------------------
+    def _module_name(self, module: Any) -> str:
+        """A module's qualified name. A module made while the model runs (PEFT's proxies for
+        adapters on fused experts) has none: it is named inside the module running it, so that
+        what it allocates stays with its layer."""
+        name = self._names.get(module)
+        if name is None:
+            name = type(module).__name__
+            if self._stack_names:
+                name = f"{self._stack_names[-1]}.<{name}>"
+        return name
+
     def _module_code(self, module: Any) -> int:
-        return self._events.code("module", self._names.get(module) or type(module).__name__)
+        return self._events.code("module", self._module_name(module))
 
     def _forward_pre(self, module: Any, args: Any) -> None:
         if not self._stack and not self._in_optimizer and torch._C._current_graph_task_id() == -1:
             flat = [item for item in torch.utils._pytree.tree_leaves(args) if isinstance(item, torch.Tensor)]
             self._recategorize(flat, Category.INPUTS)
-        self._stack.append(self._module_code(module))
+        name = self._module_name(module)
+        self._stack.append(self._events.code("module", name))
+        self._stack_names.append(name)
 
     def _forward_post(self, module: Any, args: Any, output: Any) -> None:
+        if self._stack_names:
+            self._stack_names.pop()
         code = self._stack.pop() if self._stack else self._module_code(module)
         if not torch.is_grad_enabled():
             return

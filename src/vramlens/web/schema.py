@@ -13,6 +13,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any, Final
 
+from vramlens.estimate.versions import CURRENT, PACKAGES
 from vramlens.workload.load import LORA_KEYS, PARALLEL_KEYS, TOP_KEYS
 from vramlens.workload.options import (
     AttentionImpl,
@@ -85,6 +86,13 @@ _TOP: Final[dict[str, dict[str, Any]]] = {
     "block_size": _int(1),
     "max_num_batched_tokens": _nullable(_TOKENS),
     "allow_long_context": _FLAG,
+    "alloc_conf": {"type": "string", "description": "PYTORCH_CUDA_ALLOC_CONF, e.g. 'expandable_segments:True'"},
+    "versions": {
+        "type": "object",
+        "properties": {package: {"type": "string", "examples": [CURRENT[package]]} for package in PACKAGES},
+        "additionalProperties": False,
+        "description": "library versions of the run, e.g. {'transformers': '4.35', 'vllm': '0.6'}",
+    },
 }
 _LORA: Final[dict[str, dict[str, Any]]] = {
     "rank": _int(1),

@@ -144,6 +144,57 @@ def _gpu(key: str, value: Any) -> str:
     return text
 
 
+def _alloc_conf(key: str, value: Any) -> str:
+    """A ``PYTORCH_CUDA_ALLOC_CONF`` string, parsed now as PyTorch parses it (kept as written)."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise InputError(
+            f"{key}: must be a PYTORCH_CUDA_ALLOC_CONF string such as 'expandable_segments:True', got {value!r}"
+        )
+    from vramlens.allocator import AllocatorSettings
+
+    text = value.strip()
+    try:
+        AllocatorSettings.from_conf(text)
+    except ValueError as error:
+        raise InputError(f"{key}: {str(error).removeprefix('allocator config: ')}") from None
+    return text
+
+
+def _versions(key: str, value: Any) -> tuple[tuple[str, str], ...]:
+    """Library versions: a mapping (or ``"transformers=4.35,vllm=0.6"``) of known packages to
+    quoted release numbers; sorted pairs."""
+    from vramlens.estimate.versions import PACKAGES, parse_version
+
+    if value is None:
+        return ()
+    if isinstance(value, tuple) and all(isinstance(pair, tuple) and len(pair) == 2 for pair in value):
+        value = dict(value)
+    if isinstance(value, str):
+        pairs = [part.split("=", 1) for part in value.split(",") if part.strip()]
+        if any(len(pair) != 2 for pair in pairs):
+            raise InputError(
+                f"{key}: expected package=version pairs such as 'transformers=4.35,vllm=0.6', got {value!r}"
+            )
+        value = {name.strip(): version.strip() for name, version in pairs}
+    if not isinstance(value, Mapping):
+        raise InputError(
+            f"{key}: expected a mapping of package to version, e.g. {{transformers: '4.35'}}, got {value!r}"
+        )
+    found = {}
+    for package, version in value.items():
+        if package not in PACKAGES:
+            raise InputError(f"{key}: unknown package {package!r}; accepted: {', '.join(PACKAGES)}")
+        if not isinstance(version, str) or parse_version(version) is None:
+            raise InputError(
+                f"{key}.{package}: expected a quoted release number such as '4.46' "
+                f"(a YAML number loses trailing zeros), got {version!r}"
+            )
+        found[package] = version.strip()
+    return tuple(sorted(found.items()))
+
+
 def _model(key: str, value: Any) -> Any:
     from vramlens.model.spec import ModelSpec
 
@@ -201,6 +252,8 @@ TOP_KEYS: Final[dict[str, Converter]] = {
     "block_size": _integer(1),
     "max_num_batched_tokens": _optional(_integer(1, tokens=True)),
     "allow_long_context": _flag,
+    "alloc_conf": _alloc_conf,
+    "versions": _versions,
 }
 _NESTED: Final = {"lora": LORA_KEYS, "parallel": PARALLEL_KEYS}
 
@@ -303,6 +356,8 @@ def workload_to_dict(workload: Workload, *, keep_model_object: bool = False) -> 
         value = getattr(workload, f.name)
         if f.name == "model" and not keep_model_object and not isinstance(value, str):
             value = value.name
+        elif f.name == "versions":
+            value = dict(value)
         elif isinstance(value, (LoraConfig, Parallelism)):
             value = {g.name: _plain(getattr(value, g.name)) for g in dataclasses.fields(value)}
         else:

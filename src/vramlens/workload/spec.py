@@ -212,6 +212,15 @@ class Workload:
     Added to the v1 contract by vramlens."""
     allow_long_context: bool = False
     """Allow ``seq``/``context`` beyond the model's max_position_embeddings (RoPE scaling set up by the user)."""
+    versions: tuple[tuple[str, str], ...] = ()
+    """Library versions of the run, e.g. ``(("transformers", "4.35"),)`` (a mapping in files and
+    dicts); a package left out is the installed one, else the current release
+    (:mod:`vramlens.estimate.versions` holds the behaviours that changed). Added to the v1
+    contract by vramlens."""
+    alloc_conf: str = ""
+    """``PYTORCH_CUDA_ALLOC_CONF`` of the run (e.g. ``expandable_segments:True,max_split_size_mb:512``);
+    empty: PyTorch's defaults. The reserved level replays the allocator under it. Checked by the
+    loader against the keys PyTorch accepts. Added to the v1 contract by vramlens."""
 
     def __post_init__(self) -> None:
         for name in ("batch", "seq", "grad_accum", "recompute_every", "prompt", "max_num_seqs", "block_size"):
@@ -225,6 +234,12 @@ class Workload:
         _check(
             self.max_num_batched_tokens is None or self.max_num_batched_tokens >= 1,
             f"max_num_batched_tokens: must be an integer >= 1 (or null), got {self.max_num_batched_tokens}",
+        )
+        _check(isinstance(self.alloc_conf, str), f"alloc_conf: must be a string, got {self.alloc_conf!r}")
+        _check(
+            isinstance(self.versions, tuple)
+            and all(isinstance(p, tuple) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in self.versions),
+            f"versions: must be (package, version) pairs, got {self.versions!r}",
         )
         _check(
             0.0 < self.gpu_memory_utilization <= 1.0,

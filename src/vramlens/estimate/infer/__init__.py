@@ -2,33 +2,55 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from vramlens.categories import Category
-from vramlens.estimate.frameworks import profile_for
 from vramlens.estimate.infer.context import InferenceContext, resolve_inference
 from vramlens.estimate.infer.phases import StagePlan, hf_plan, vllm_plan
 from vramlens.estimate.infer.weights import stage_weights
-from vramlens.estimate.runtime import runtime_memory
+from vramlens.estimate.margins import RUNTIME_SPREAD, runtime_spread, safe_levels
+from vramlens.estimate.reserved import allocator_settings, generation_slack, generation_spread
+from vramlens.estimate.runtime import communicators, runtime_parts
+from vramlens.estimate.versions import older_than
 from vramlens.hardware import GpuSpec
 from vramlens.model.spec import ModelSpec
-from vramlens.report.model import MemoryReport, Term
-from vramlens.workload.options import Engine, Framework
+from vramlens.report.model import MemoryReport, SafeLevels, Term
+from vramlens.workload.options import Engine
 from vramlens.workload.spec import Workload
 
 __all__ = ["estimate_inference"]
 
 
-def _levels(ctx: InferenceContext, plan: StagePlan) -> tuple[int, int, dict[str, int]]:
-    """(reserved, device, runtime parts) above the allocated peak."""
-    allocated = plan.peak.allocated_bytes
+def _levels(ctx: InferenceContext, plan: StagePlan) -> tuple[int, int, dict[str, int], SafeLevels]:
+    """(reserved, device, runtime parts, safe figures) above the allocated peak."""
+    peak = plan.peak
+    allocated = peak.allocated_bytes
+    comms = len(communicators(ctx.workload.parallel))
     if ctx.engine is Engine.VLLM:  # one pool tensor per layer: no allocator slack worth modelling
-        return allocated, allocated + sum(plan.runtime.values()), plan.runtime
-    # Weights are allocated once and never freed, so only the churning part (cache growth,
-    # activations, logits) leaves freed blocks behind in the caching allocator.
-    churn = allocated - plan.peak.breakdown.get(Category.PARAMETERS, 0)
-    profile, _ = profile_for(Framework.HF)
-    runtime = runtime_memory(churn, fragmentation=profile.fragmentation, gpus=ctx.workload.parallel.gpus)
-    reserved = allocated + runtime.allocator_slack
-    return reserved, reserved + runtime.runtime_bytes, runtime.runtime
+        device = allocated + sum(plan.runtime.values())
+        spread = comms * RUNTIME_SPREAD["nccl_per_communicator"]
+        safe = safe_levels(
+            allocated=allocated, reserved=allocated, device=device, breakdown=peak.breakdown, allocator_spread=0,
+            runtime_spread=spread, pool_bytes=peak.breakdown.get(Category.KV_CACHE, 0),
+        )  # fmt: skip
+        if plan.serving.kv_pool_bytes is not None:
+            # vLLM sizes its pool to gpu_memory_utilization: margins shrink the pool, not the device level.
+            safe = replace(safe, allocated_bytes=allocated, reserved_bytes=allocated, device_bytes=device)
+        return allocated, device, plan.runtime, safe
+    # Weights are allocated once and never freed; the cache grows by a concatenation per layer and
+    # step, which leaves freed blocks one token too short behind (reserved.generation_slack).
+    kv = peak.breakdown.get(Category.KV_CACHE, 0)
+    settings = allocator_settings(ctx.workload.alloc_conf)
+    reserved = allocated + generation_slack(kv, settings)
+    runtime = runtime_parts(
+        ctx.workload.parallel, eager_modules=older_than(ctx.workload.versions, "lazy_module_loading")
+    )
+    device = reserved + sum(runtime.values())
+    safe = safe_levels(
+        allocated=allocated, reserved=reserved, device=device, breakdown=peak.breakdown,
+        allocator_spread=generation_spread(kv, settings), runtime_spread=runtime_spread(runtime, comms),
+    )  # fmt: skip
+    return reserved, device, runtime, safe
 
 
 def _busiest(plan: StagePlan) -> int:
@@ -42,12 +64,18 @@ def estimate_inference(spec: ModelSpec, workload: Workload, *, gpu: GpuSpec | No
     against ``gpu`` when one is given."""
     ctx = resolve_inference(spec, workload, gpu)
     capacity = gpu.memory_bytes if gpu else None
-    plans = [
-        vllm_plan(ctx, stage, capacity) if ctx.engine is Engine.VLLM else hf_plan(ctx, stage)
-        for stage in stage_weights(ctx)
-    ]
+    if spec.generic is not None:
+        from vramlens.estimate.infer.generic import check_generic_inference, generic_hf_plan, generic_stage_weights
+
+        check_generic_inference(ctx)
+        plans = [generic_hf_plan(ctx, stage) for stage in generic_stage_weights(ctx)]
+    else:
+        plans = [
+            vllm_plan(ctx, stage, capacity) if ctx.engine is Engine.VLLM else hf_plan(ctx, stage)
+            for stage in stage_weights(ctx)
+        ]
     plan = max(plans, key=_busiest)
-    reserved, device, runtime = _levels(ctx, plan)
+    reserved, device, runtime, safe = _levels(ctx, plan)
     notes = [*ctx.assumptions, *plan.notes]
     peak = plan.peak
     notes.append(f"peak: {peak.name} ({peak.note})")
@@ -66,4 +94,5 @@ def estimate_inference(spec: ModelSpec, workload: Workload, *, gpu: GpuSpec | No
         gpu=gpu.name if gpu else None,
         capacity_bytes=capacity,
         serving=plan.serving,
+        safe=safe,
     )

@@ -13,6 +13,7 @@ from vramlens.errors import InputError
 from vramlens.estimate.context import check_head_split
 from vramlens.estimate.hf_attention import hf_attention_kernel
 from vramlens.estimate.infer.engines import vllm_batched_tokens
+from vramlens.estimate.versions import older_than, rule_note
 from vramlens.estimate.weight_format import WeightFormat, format_for_checkpoint, format_for_quant
 from vramlens.hardware import GpuSpec
 from vramlens.model.spec import ModelSpec
@@ -123,8 +124,11 @@ def _attention(spec: ModelSpec, workload: Workload, engine: Engine, notes: list[
         return AttentionImpl.FLASH
     resolved = workload.attention
     if resolved is AttentionImpl.AUTO:
+        if older_than(workload.versions, "sdpa_default"):
+            notes.append(rule_note(workload.versions, "sdpa_default"))
+            return AttentionImpl.EAGER
         resolved = AttentionImpl.SDPA
-    kernel, note = hf_attention_kernel(workload.attention, resolved, spec.model_type)
+    kernel, note = hf_attention_kernel(workload.attention, resolved, spec)
     if note:
         notes.append(note)
     elif workload.attention is AttentionImpl.AUTO:

@@ -17,7 +17,10 @@ Per token and layer a cache stores (Units: elements; multiply by the KV dtype's 
 Only layers whose mixer attends keep keys and values (Mamba and linear-attention layers keep
 a per-sequence state instead, :mod:`vramlens.estimate.infer.state_cache`).
 Sliding-window layers keep at most ``window`` tokens (transformers' sliding-window
-cache layers, vLLM's hybrid KV cache manager); global layers keep every token.
+cache layers, vLLM's hybrid KV cache manager); chunked-attention layers (Llama 4) at most
+``chunk`` tokens (transformers caches them in the same ``DynamicSlidingWindowLayer``, sized
+``attention_chunk_size``: cache_utils.py ``get_layer_types_and_kwargs``); global layers keep
+every token.
 A paged cache (vLLM) allocates whole blocks of ``block_size`` tokens.
 """
 
@@ -33,6 +36,7 @@ __all__ = [
     "kv_cache_bytes",
     "kv_elements_per_token",
     "kv_heads_per_rank",
+    "layer_kv_limit",
     "paged_tokens",
 ]
 
@@ -55,6 +59,11 @@ def kv_elements_per_token(attention: AttentionSpec, *, tp: int = 1, latent: bool
 def cached_tokens(tokens: int, window: int | None) -> int:
     """Tokens a layer keeps: all of them, or the last ``window`` for sliding-window layers."""
     return tokens if window is None else min(tokens, window)
+
+
+def layer_kv_limit(layer: LayerSpec) -> int | None:
+    """The most tokens a layer's cache keeps: its sliding window or attention chunk (None: all)."""
+    return layer.window if layer.window is not None else layer.chunk
 
 
 def paged_tokens(tokens: int, block_size: int | None) -> int:
@@ -81,5 +90,7 @@ def kv_cache_bytes(
     whole blocks when ``block_size`` is given, times :func:`kv_elements_per_token` x ``kv_bytes``.
     """
     per_token = kv_elements_per_token(attention, tp=tp, latent=latent) * kv_bytes
-    slots = sum(paged_tokens(cached_tokens(tokens, layer.window), block_size) for layer in layers if layer.attends)
+    slots = sum(
+        paged_tokens(cached_tokens(tokens, layer_kv_limit(layer)), block_size) for layer in layers if layer.attends
+    )
     return sequences * slots * per_token

@@ -33,6 +33,7 @@ from vramlens.estimate.infer.working import (
     vllm_layer_working_bytes,
 )
 from vramlens.estimate.runtime import CUBLAS_WORKSPACE_BYTES
+from vramlens.estimate.versions import older_than, rule_note
 from vramlens.report.model import PhaseMemory, ServingCapacity
 from vramlens.units import format_bytes
 
@@ -68,15 +69,15 @@ def _phase(name: str, note: str, parts: dict[Category, int]) -> PhaseMemory:
 def _kv(
     ctx: InferenceContext, stage: StageWeights, tokens: int, *, block_size: int | None = None, windowed: bool = True
 ) -> int:
-    """KV cache bytes of the stage's layers. ``windowed=False``: sliding-window layers hold every
+    """KV cache bytes of the stage's layers. ``windowed=False``: sliding-window (and chunked) layers hold every
     token, as transformers' ``DynamicSlidingWindowLayer`` does right after a prefill: it keeps a
     view of the last ``window - 1`` positions of the concatenated keys/values, so the whole
     prompt's storage stays alive until the first decode step replaces it (cache_utils.py)."""
     layers = [ctx.spec.layers[index] for index in stage.layers]
     if not windowed:
-        layers = [replace(layer, window=None) for layer in layers]
+        layers = [replace(layer, window=None, chunk=None) for layer in layers]
     return kv_cache_bytes(
-        ctx.spec.attention,
+        ctx.spec.attn,
         layers,
         tokens=tokens,
         sequences=ctx.batch,
@@ -101,7 +102,7 @@ def _attending(stage: StageWeights, ctx: InferenceContext) -> int:
 def _per_token(ctx: InferenceContext, stage: StageWeights) -> int:
     layers = [ctx.spec.layers[index] for index in stage.layers]
     return kv_cache_bytes(
-        ctx.spec.attention, layers, tokens=1, sequences=1, kv_bytes=ctx.kv_bytes, tp=ctx.tp, latent=ctx.latent_kv
+        ctx.spec.attn, layers, tokens=1, sequences=1, kv_bytes=ctx.kv_bytes, tp=ctx.tp, latent=ctx.latent_kv
     )
 
 
@@ -112,14 +113,23 @@ def hf_plan(ctx: InferenceContext, stage: StageWeights) -> StagePlan:
     working = hf_layer_working_bytes(
         spec, batch=b, seq_q=seq_q, seq_kv=ctx.prompt, attention=ctx.attention, compute_bytes=cb, tp=ctx.tp
     )
-    logits = logits_bytes(spec, rows=b, compute_bytes=cb) if stage.last else 0
+    versions, notes = ctx.workload.versions, []
+    every_position = older_than(versions, "logits_to_keep")
+    rows = b * ctx.prompt if every_position else b
+    logits = logits_bytes(spec, rows=rows, compute_bytes=cb) if stage.last else 0
     base = {_C.PARAMETERS: stage.total, _C.OTHER: CUBLAS_WORKSPACE_BYTES}
     phases = [_prefill_phase(ctx, stage, base, working=working, logits=logits)]
     states = _states(ctx, stage)
     attention_kv = _kv(ctx, stage, ctx.context)
     kv_full = attention_kv + states
+    if every_position:
+        notes.append(rule_note(versions, "logits_to_keep"))
+        logits = logits_bytes(spec, rows=b, compute_bytes=cb) if stage.last else 0  # decode: one position
     if ctx.context > ctx.prompt:
         layer_kv = attention_kv // max(_attending(stage, ctx), 1)
+        if older_than(versions, "generate_cache"):  # the old tuple cache is alive beside the new one
+            layer_kv = attention_kv
+            notes.append(rule_note(versions, "generate_cache"))
         step = hf_layer_working_bytes(
             spec, batch=b, seq_q=1, seq_kv=ctx.context, attention=ctx.attention, compute_bytes=cb, tp=ctx.tp
         )
@@ -144,7 +154,7 @@ def hf_plan(ctx: InferenceContext, stage: StageWeights) -> StagePlan:
         ("prefill layer working set", _C.ACTIVATIONS, working, f"one layer for {b} x {seq_q} tokens ({ctx.attention})"),
         ("last-position logits", _C.TEMPORARY, logits, f"{b} x vocab {spec.vocab_size} x ({cb} + 4 float32) bytes"),
     ]
-    return StagePlan(phases=phases, serving=serving, runtime={}, terms=terms, notes=[])
+    return StagePlan(phases=phases, serving=serving, runtime={}, terms=terms, notes=notes)
 
 
 def _prefill_phase(
@@ -260,7 +270,10 @@ def vllm_plan(ctx: InferenceContext, stage: StageWeights, capacity: int | None) 
         notes.append("vllm without a GPU: the KV pool shown is what batch x context needs")
     else:
         budget = int(workload.gpu_memory_utilization * capacity)
-        pool = budget - stage.total - activation - sum(runtime.values())
+        outside = runtime["cuda_graphs"] if older_than(workload.versions, "cudagraphs_in_budget") else 0
+        if outside:
+            notes.append(rule_note(workload.versions, "cudagraphs_in_budget"))
+        pool = budget - stage.total - activation - sum(runtime.values()) + outside
         blocks = max(pool, 0) // block_bytes if block_bytes else 0
         concurrent = min(workload.max_num_seqs, max(pool, 0) // per_sequence) if per_sequence else 0
     serving_phase = _phase(

@@ -147,7 +147,7 @@ def hybrid_pages(
 ) -> HybridPages:
     """vLLM's page layout for ``layers`` (see the module docstring); ``block_size`` is the requested
     attention block size, raised when a page would not hold a state."""
-    per_token = kv_elements_per_token(spec.attention, tp=tp) * kv_bytes  # one attention layer
+    per_token = kv_elements_per_token(spec.attn, tp=tp) * kv_bytes  # one attention layer
     attending = [layer.window for layer in layers if layer.attends]
     states = state_layers(layers)
     state_page = max(

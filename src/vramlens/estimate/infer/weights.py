@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from vramlens.estimate.infer.context import InferenceContext
 from vramlens.estimate.infer.engines import VLLM
 from vramlens.estimate.infer.kv_cache import kv_heads_per_rank
+from vramlens.estimate.weight_format import Scheme
 from vramlens.model.components import FfnKind, LayerKind, MlpKind
 from vramlens.model.modules import LinearShape, layer_kinds, layer_linears
 from vramlens.model.params import ffn_parameters, mixer_parameters, norm_parameters
@@ -58,7 +59,7 @@ def _expert_shapes(ctx: InferenceContext) -> list[LinearShape]:
 def _split(ctx: InferenceContext, shape: LinearShape) -> tuple[int, int]:
     """(out, in) of one rank's slice: column-parallel layers split outputs, row-parallel inputs.
     K/V projections keep whole heads: one replicated head per rank when tp exceeds the KV heads."""
-    tp, attention = ctx.tp, ctx.spec.attention
+    tp, attention = ctx.tp, ctx.spec.attn
     if shape.group in ("attn_out", "mlp_out") or shape.name == "experts.down":
         return shape.out_features, shape.in_features // tp
     if shape.name in ("kv_a_proj_with_mqa", "q_a_proj"):
@@ -105,7 +106,18 @@ def _layer_bytes(ctx: InferenceContext, kind: LayerKind, layer: int | None = Non
     else:
         elements += sum(ffn.values()) // tp
     rest = max(elements - linear_elements, 0)  # norms, biases, routers, q/k norms, SSM vectors and convolutions
-    return linear + rest * ctx.compute_bytes
+    return linear + rest * ctx.compute_bytes + _fp32_expert_bias_bytes(ctx, kind.ffn is FfnKind.MOE)
+
+
+def _fp32_expert_bias_bytes(ctx: InferenceContext, moe_layer: bool) -> float:
+    """transformers' MXFP4 experts (``Mxfp4GptOssExperts``) keep their biases in float32: the
+    bytes beyond the compute dtype they are counted in above, on one rank (experts split ``ep``)."""
+    moe, fmt = ctx.spec.moe, ctx.weights
+    if not (moe_layer and moe is not None and moe.expert_bias and fmt is not None and fmt.scheme is Scheme.MXFP4):
+        return 0.0
+    widths = 2 * moe.expert_intermediate_size if moe.expert_kind is MlpKind.GATED else moe.expert_intermediate_size
+    per_expert = widths // ctx.tp + ctx.spec.hidden_size
+    return moe.num_experts / ctx.workload.parallel.ep * per_expert * max(4 - ctx.compute_bytes, 0)
 
 
 def _vocab_rows(ctx: InferenceContext) -> int:
@@ -136,7 +148,7 @@ def _stage(ctx: InferenceContext, name: str, layers: range, *, first: bool, last
     head = 0
     if last:
         untied_head = not spec.tie_word_embeddings or not first
-        head = (breakdown.final_norm + breakdown.extra) * ctx.compute_bytes + (table if untied_head else 0)
+        head = (breakdown.final_norm + breakdown.outside_decoder) * ctx.compute_bytes + (table if untied_head else 0)
         head += (spec.vocab_size if spec.lm_head_bias else 0) * ctx.compute_bytes // ctx.tp
     return StageWeights(
         name=name,

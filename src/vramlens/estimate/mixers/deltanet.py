@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 
 from vramlens.estimate.saved_parts import FP32, LayerRecipe, Part, group_inputs, lora_parts
+from vramlens.model.components import LayerKind
 
 __all__ = ["deltanet_saved_parts"]
 
@@ -95,8 +96,9 @@ def _gated_norm(recipe: LayerRecipe) -> list[Part]:
     return parts
 
 
-def deltanet_saved_parts(recipe: LayerRecipe, input_bytes: int, sliding: bool = False) -> list[Part]:
+def deltanet_saved_parts(recipe: LayerRecipe, input_bytes: int, kind: LayerKind | None = None) -> list[Part]:
     """Every tensor one gated DeltaNet keeps for backward (bytes per token); ``input_bytes``: the
-    bytes per element of the normed tensor its input projections read."""
+    bytes per element of the normed tensor its input projections read (the layer ``kind``'s
+    attention window and rotary flag do not apply)."""
     parts = _projections(recipe, input_bytes) + _delta_rule(recipe) + _gated_norm(recipe)
     return [part for part in parts if part.bytes_per_token]

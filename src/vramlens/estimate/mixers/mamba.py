@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 
 from vramlens.estimate.saved_parts import FP32, LayerRecipe, Part, group_inputs, lora_parts, norm_saved
+from vramlens.model.components import LayerKind
 from vramlens.model.ssm import MambaSpec, MambaVersion
 
 __all__ = ["mamba_saved_parts"]
@@ -177,8 +178,9 @@ def _mamba1(recipe: LayerRecipe, input_bytes: int) -> list[Part]:
 _BY_VERSION = {MambaVersion.MAMBA1: _mamba1, MambaVersion.MAMBA2: _mamba2}
 
 
-def mamba_saved_parts(recipe: LayerRecipe, input_bytes: int, sliding: bool = False) -> list[Part]:
+def mamba_saved_parts(recipe: LayerRecipe, input_bytes: int, kind: LayerKind | None = None) -> list[Part]:
     """Every tensor one Mamba mixer keeps for backward (bytes per token), ``input_bytes`` being the
-    bytes per element of the normed tensor ``in_proj`` reads. ``sliding`` does not apply."""
+    bytes per element of the normed tensor ``in_proj`` reads. The layer ``kind``'s attention
+    window and rotary flag do not apply."""
     parts = _BY_VERSION[_mixer(recipe).version](recipe, input_bytes)
     return [part for part in parts if part.bytes_per_token]

@@ -25,7 +25,7 @@ from vramlens.model.families._common import (
     standard_attention,
     windows_none,
 )
-from vramlens.model.families.vision import siglip_vision_parameters
+from vramlens.model.families.towers import siglip_vision
 from vramlens.model.spec import ModelSpec, QKNorm
 
 _DEFAULTS = "transformers' Gemma config default"
@@ -105,8 +105,7 @@ def parse_gemma3_text(view: ConfigView) -> ModelSpec:
 def parse_gemma3(view: ConfigView) -> ModelSpec:
     """Gemma 3 multimodal (4B, 12B, 27B): the text decoder plus SigLIP vision tower and projector.
 
-    Projector (transformers ``Gemma3MultiModalProjector``): ``mm_input_projection_weight``
-    ``[vision_hidden, text_hidden]`` and an RMSNorm of ``vision_hidden``.
+    Tower and projector: :func:`vramlens.model.families.towers.siglip_vision`.
     """
     text = view.sub("text_config")
     vision_view = view.sub("vision_config")
@@ -118,15 +117,7 @@ def parse_gemma3(view: ConfigView) -> ModelSpec:
     }
     text.data = {**inherited, **text.data}
     spec = parse_gemma3_text(text)
-    vision_hidden = vision_view.integer("hidden_size", default=1152, why="Gemma3Config vision default")
-    projector = vision_hidden * spec.hidden_size + vision_hidden
+    vision = siglip_vision(vision_view, text_hidden=spec.hidden_size)
     return dataclasses.replace(
-        spec,
-        model_type="gemma3",
-        source=view.source,
-        assumptions=tuple(view.assumptions),
-        extra_parameters=(
-            ("vision_tower", siglip_vision_parameters(vision_view)),
-            ("multi_modal_projector", projector),
-        ),
+        spec, model_type="gemma3", source=view.source, assumptions=tuple(view.assumptions), vision=vision
     )

@@ -109,7 +109,9 @@ def _qwen_moe_block(
     shared_width = view.integer("shared_expert_intermediate_size", default=0, minimum=0) if shared else 0
     return moe_spec(
         view,
-        num_experts=view.integer("num_experts", default=experts_default, why="transformers config default"),
+        num_experts=view.integer(
+            "num_experts", "num_local_experts", default=experts_default, why="transformers config default"
+        ),
         experts_per_token=view.integer("num_experts_per_tok", default=topk_default, why="transformers config default"),
         expert_intermediate_size=view.integer(
             "moe_intermediate_size", default=width_default, why="transformers config default"
@@ -135,16 +137,19 @@ def parse_qwen2_moe(view: ConfigView) -> ModelSpec:
     return _decoder(view, "qwen2_moe", attention, windows, moe=moe, moe_rule=rule, dense=needs_dense)
 
 
-def _qwen3_attention(view: ConfigView, hidden: int) -> AttentionSpec:
+def _qwen3_attention(view: ConfigView, hidden: int, *, head_dim_default: int | None) -> AttentionSpec:
+    """Qwen3 attention; an absent ``head_dim`` is 128 in ``Qwen3Config`` and ``hidden / heads`` in
+    ``Qwen3MoeConfig`` (transformers 5: its ``head_dim`` defaults to None)."""
     bias = view.flag("attention_bias", default=False)
+    absent = not view.present("head_dim")
     return standard_attention(
         view,
         hidden,
         qkv_bias=bias,
         out_bias=bias,
         qk_norm=QKNorm.PER_HEAD,
-        head_dim_default=None if view.present("head_dim") else 128,
-        head_dim_why="Qwen3Config default",
+        head_dim_default=head_dim_default if absent else None,
+        head_dim_why="Qwen3Config default" if absent and head_dim_default else None,
     )
 
 
@@ -152,7 +157,7 @@ def _qwen3_attention(view: ConfigView, hidden: int) -> AttentionSpec:
 def parse_qwen3(view: ConfigView) -> ModelSpec:
     """Qwen3 dense: per-head RMSNorm on q and k, explicit ``head_dim`` (default 128)."""
     hidden = view.integer("hidden_size")
-    attention = _qwen3_attention(view, hidden)
+    attention = _qwen3_attention(view, hidden, head_dim_default=128)
     windows = windows_qwen(view, read_layers(view, "num_hidden_layers"))
     return _decoder(view, "qwen3", attention, windows)
 
@@ -161,7 +166,7 @@ def parse_qwen3(view: ConfigView) -> ModelSpec:
 def parse_qwen3_moe(view: ConfigView) -> ModelSpec:
     """Qwen3 MoE: Qwen3 attention, routed experts without a shared expert."""
     hidden = view.integer("hidden_size")
-    attention = _qwen3_attention(view, hidden)
+    attention = _qwen3_attention(view, hidden, head_dim_default=None)
     layers = read_layers(view, "num_hidden_layers")
     windows = windows_qwen(view, layers)
     moe = _qwen_moe_block(view, shared=False, experts_default=128, topk_default=8, width_default=768)

@@ -3,7 +3,7 @@
 One instance models one device: per-stream small and large pools of cached free blocks,
 best-fit reuse, splitting and merging, ``max_split_size``, expandable segments and the
 release-and-retry sequence on a failed device allocation. Source version and line-number
-conventions: see :mod:`vramlens.simulate._blocks`. Bytes are ``int`` everywhere.
+conventions: see :mod:`vramlens.allocator._blocks`. Bytes are ``int`` everywhere.
 
 Modeled as the source does, with these deliberate simplifications: no CUDA graph private pools,
 no ``recordStream`` events (a freed block is reusable at once), no garbage collection
@@ -14,7 +14,7 @@ can hand out: a new segment (or mapped page run) fails when it would take ``rese
 
 from __future__ import annotations
 
-from vramlens.simulate._blocks import (
+from vramlens.allocator._blocks import (
     K_LARGE_BUFFER,
     K_MIN_BLOCK_SIZE,
     K_SMALL_BUFFER,

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vramlens.simulate._blocks import Block
-from vramlens.simulate._caching import CachingAllocatorModel
-from vramlens.simulate.allocator import AllocatorSettings, ReplayResult, replay, round_size, segment_size
+from vramlens.allocator import AllocatorSettings, ReplayResult, replay, round_size, segment_size
+from vramlens.allocator._blocks import Block
+from vramlens.allocator._caching import CachingAllocatorModel
 
 KiB = 1 << 10
 MiB = 1 << 20

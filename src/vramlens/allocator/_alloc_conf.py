@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vramlens.simulate._blocks import K_LARGE_BUFFER, ROUNDUP_INTERVALS
+from vramlens.allocator._blocks import K_LARGE_BUFFER, ROUNDUP_INTERVALS
 
 MIB = 1 << 20
 #: Keys whose effect the model reproduces.
