@@ -45,7 +45,7 @@ _DERIVE = textwrap.dedent(
     from vramlens.simulate.build import real_code_paths
     from vramlens.model.generic.reader import build_meta_model
     model, _ = build_meta_model(config, "gpt_oss")
-    chosen = recipe._subset(spec.generic)
+    chosen = importlib.import_module("vramlens.simulate._recipe_trace")._subset(spec.generic)
     model.model.layers = torch.nn.ModuleList([model.model.layers[i] for i in chosen])
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     with real_code_paths():

@@ -95,6 +95,49 @@ def _head(fit: Fit, last: bool, batch: int, seq: int) -> int:
     return fit.at(batch, seq) if last else 0
 
 
+def _prefill_phase(
+    ctx: InferenceContext, recipe: InferenceRecipe, counts: dict[int, int], stage: StageWeights
+) -> tuple[PhaseMemory, int, int]:
+    """The prefill phase of ``generate()``; also the cache it leaves and its peak above the caches."""
+    b, prompt = ctx.batch, ctx.prompt
+    cache = _sum(recipe, counts, "prefill_cache", b, prompt)
+    layer_peak = _largest(recipe, counts, "prefill_working", b, prompt)
+    head_peak = _head(recipe.head_prefill, stage.last, b, prompt)
+    phase = _phase(
+        "prefill",
+        f"{'a layer' if layer_peak >= head_peak else 'the LM head'} of the prefill of {prompt} tokens x {b} sequences",
+        _base(stage)
+        | {
+            _C.KV_CACHE: cache,
+            _C.ACTIVATIONS: layer_peak if layer_peak >= head_peak else 0,
+            _C.TEMPORARY: head_peak if head_peak > layer_peak else 0,
+            _C.INPUTS: _INPUT_BYTES_PER_TOKEN * b * prompt,
+        },
+    )
+    return phase, cache, max(layer_peak, head_peak)
+
+
+def _decode_phase(
+    ctx: InferenceContext, recipe: InferenceRecipe, counts: dict[int, int], stage: StageWeights
+) -> tuple[PhaseMemory, int]:
+    """The last decode step at the full context, and the cache it holds."""
+    b, context = ctx.batch, ctx.context
+    full = _sum(recipe, counts, "decode_cache", b, context)
+    step = max(
+        _largest(recipe, counts, "decode_working", b, context), _head(recipe.head_decode, stage.last, b, context)
+    )
+    phase = _phase(
+        "decode",
+        f"last decode step at {context} tokens (a layer's old and new cache while it grows)",
+        _base(stage) | {_C.KV_CACHE: full, _C.TEMPORARY: step, _C.INPUTS: _INPUT_BYTES_PER_TOKEN * b * context},
+    )
+    return phase, full
+
+
+def _base(stage: StageWeights) -> dict[Category, int]:
+    return {_C.PARAMETERS: stage.total, _C.OTHER: CUBLAS_WORKSPACE_BYTES}
+
+
 def generic_hf_plan(ctx: InferenceContext, stage: StageWeights) -> StagePlan:
     """Prefill and last-decode-step memory of ``generate()`` on one stage, from the recipe."""
     layout = ctx.spec.generic
@@ -102,36 +145,11 @@ def generic_hf_plan(ctx: InferenceContext, stage: StageWeights) -> StagePlan:
     recipe = inference_recipe(ctx)
     counts = _kinds(layout, stage.layers)
     b, prompt, context = ctx.batch, ctx.prompt, ctx.context
-    base = {_C.PARAMETERS: stage.total, _C.OTHER: CUBLAS_WORKSPACE_BYTES}
-    cache = _sum(recipe, counts, "prefill_cache", b, prompt)
-    layer_peak = _largest(recipe, counts, "prefill_working", b, prompt)
-    head_peak = _head(recipe.head_prefill, stage.last, b, prompt)
-    phases = [
-        _phase(
-            "prefill",
-            f"{'a layer' if layer_peak >= head_peak else 'the LM head'} of the prefill of {prompt} tokens x {b} sequences",
-            base
-            | {
-                _C.KV_CACHE: cache,
-                _C.ACTIVATIONS: layer_peak if layer_peak >= head_peak else 0,
-                _C.TEMPORARY: head_peak if head_peak > layer_peak else 0,
-                _C.INPUTS: _INPUT_BYTES_PER_TOKEN * b * prompt,
-            },
-        )
-    ]
-    full = cache
+    prefill, full, above = _prefill_phase(ctx, recipe, counts, stage)
+    phases = [prefill]
     if context > prompt:
-        full = _sum(recipe, counts, "decode_cache", b, context)
-        step = max(
-            _largest(recipe, counts, "decode_working", b, context), _head(recipe.head_decode, stage.last, b, context)
-        )
-        phases.append(
-            _phase(
-                "decode",
-                f"last decode step at {context} tokens (a layer's old and new cache while it grows)",
-                base | {_C.KV_CACHE: full, _C.TEMPORARY: step, _C.INPUTS: _INPUT_BYTES_PER_TOKEN * b * context},
-            )
-        )
+        decode, full = _decode_phase(ctx, recipe, counts, stage)
+        phases.append(decode)
     per_token = max(
         0, _sum(recipe, counts, "decode_cache", 1, context) - _sum(recipe, counts, "decode_cache", 1, context - 1)
     )
@@ -146,12 +164,7 @@ def generic_hf_plan(ctx: InferenceContext, stage: StageWeights) -> StagePlan:
             full,
             f"{b} sequences x {context} tokens",
         ),
-        (
-            "prefill peak above the caches (traced)",
-            _C.ACTIVATIONS,
-            max(layer_peak, head_peak),
-            f"{b} x {prompt} tokens",
-        ),
+        ("prefill peak above the caches (traced)", _C.ACTIVATIONS, above, f"{b} x {prompt} tokens"),
     ]
     notes = [
         f"{ctx.spec.model_type}: layers traced from transformers' code (recipe); cache per token "

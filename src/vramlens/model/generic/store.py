@@ -31,7 +31,7 @@ __all__ = ["FORMAT", "RecipeFile", "cache_dir", "config_digest", "library_versio
 
 #: Version of the file layout and of what the reader and the tracer measure; a file of another
 #: version is derived again (bump it whenever either changes what it records).
-FORMAT: Final = 6
+FORMAT: Final = 7
 #: Largest recipe file read back (real ones are a few KiB to a few hundred KiB).
 MAX_FILE_BYTES: Final = 16 * 2**20
 
