@@ -13,22 +13,21 @@ from dataclasses import dataclass, field
 
 from vramlens.categories import Category
 from vramlens.estimate.context import TrainingContext
-from vramlens.estimate.frameworks import MixedStyle
-from vramlens.estimate.fsdp import Unsharded, casts_outputs, fsdp_memory
+from vramlens.estimate.fsdp import Unsharded, fsdp_memory
 from vramlens.estimate.layout import EMBED_NAMES, StageView, effective_quant
 from vramlens.estimate.logits import LogitsMemory, logits_memory
+from vramlens.estimate.loss_outputs import fp32_model_outputs, loss_chunks, model_logits_bytes
 from vramlens.estimate.mixers import mixer_backward_working
 from vramlens.estimate.optimizers import OptimizerModel, optimizer_model
 from vramlens.estimate.qlora import dequantized_bytes, with_head_weight_cast
 from vramlens.estimate.recompute import LayerActivations, eager_attention_working, layer_activations, train_state
-from vramlens.estimate.styles import hf_style
 from vramlens.estimate.versions import older_than, rule_note
 from vramlens.model.modules import layer_linears
 from vramlens.report.model import Term
 from vramlens.units import format_bytes
 from vramlens.workload.options import Framework, Method, Offload, PipelineSchedule, Quant, Recompute, Shard
 
-__all__ = ["StageMemory", "fp32_model_outputs", "model_logits_bytes", "stage_memory"]
+__all__ = ["StageMemory", "stage_memory"]
 
 _PARAM_SHARDED = {Shard.ZERO3, Shard.FSDP, Shard.HSDP}
 _GRAD_SHARDED = _PARAM_SHARDED | {Shard.ZERO2}
@@ -338,34 +337,6 @@ def _optimizer_temporaries(ctx: TrainingContext, mem: StageMemory) -> None:
     )
 
 
-def fp32_model_outputs(ctx: TrainingContext) -> bool:
-    """The logits the loop keeps are fp32: accelerate converts the outputs of an autocast model
-    (unless FSDP2's root casts them back), or transformers before 4.46 up-cast them in the
-    forward (:data:`vramlens.estimate.versions.VERSION_RULES` ``loss_upcast``)."""
-    converted = ctx.workload.precision.mixed and ctx.profile.mixed is MixedStyle.AUTOCAST and not casts_outputs(ctx)
-    upcast = ctx.profile.name is Framework.HF and older_than(ctx.workload.versions, "loss_upcast")
-    return converted or upcast
-
-
-def model_logits_bytes(ctx: TrainingContext) -> int:
-    """Bytes per logit the model's forward returns: the compute dtype's, or 4 where the family's code
-    up-casts its logits (Nemotron-H: ``self.lm_head(hidden_states).float()``; ``HfStyle.logits_fp32``).
-    A model read from its code has no style: the compute dtype's, as the generic route assumes."""
-    if ctx.spec.generic is None and hf_style(ctx.spec.model_type).logits_fp32:
-        return 4
-    return ctx.compute_bytes
-
-
-def _loss_chunks(ctx: TrainingContext) -> float:
-    """Tokens over the tokens of the largest loss chunk: a chunk count, or for chunks of a
-    fixed length (LitGPT) the sequence over the longest chunk, min(seq, positions)."""
-    positions = ctx.profile.chunked_loss_positions
-    if positions is None:
-        return ctx.profile.chunked_loss_chunks
-    seq = ctx.workload.seq / ctx.workload.parallel.cp
-    return seq / min(seq, positions)
-
-
 def stage_memory(ctx: TrainingContext, stage: StageView, targets: frozenset[str]) -> StageMemory:
     """Every quantity of one pipeline stage."""
     mem = StageMemory(stage=stage)
@@ -399,7 +370,7 @@ def logits_terms(ctx: TrainingContext, mem: StageMemory) -> None:
         hidden=ctx.spec.hidden_size,
         logits_bytes=model_logits_bytes(ctx),
         keeps_logits=ctx.profile.keeps_logits,
-        chunks=_loss_chunks(ctx),
+        chunks=loss_chunks(ctx),
         kept_bytes=4 if fp32_outputs else None,
         loss_parallel=tp > 1 and ctx.profile.name is Framework.TORCHTITAN,
         compiled=ctx.compiled_loss,

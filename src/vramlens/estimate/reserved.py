@@ -31,8 +31,9 @@ from typing import Final
 from vramlens.allocator import AllocatorSettings
 from vramlens.allocator.pattern import pattern_peaks
 from vramlens.estimate.context import TrainingContext
+from vramlens.estimate.loss_outputs import fp32_model_outputs, model_logits_bytes
 from vramlens.estimate.loss_pattern import LossScript, loss_script
-from vramlens.estimate.quantities import StageMemory, fp32_model_outputs, model_logits_bytes
+from vramlens.estimate.quantities import StageMemory
 from vramlens.estimate.step_pattern import step_pattern
 from vramlens.estimate.step_shape import StepShape, step_shape
 from vramlens.workload.options import Framework, Shard
