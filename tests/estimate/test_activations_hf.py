@@ -77,6 +77,8 @@ _LAYERS = {
     "glm4_moe": (0, 1),  # dense, MoE
     "glm4_moe-two-shared": (1, 2),  # dense, MoE
 }
+#: Configs that differ from a hybrid family's only in its mixer (Falcon-H1 without the Mamba RMSNorm).
+_MIXER_VARIANTS = {"falcon_h1-no-mamba-norm"}
 #: The layers checked in the hybrid families: one of each (mixer, FFN) kind, each after an earlier
 #: layer of its mixer kind where masks are shared (hf_saved leaves out what another layer kept).
 HYBRID_LAYERS = {
@@ -89,6 +91,21 @@ HYBRID_LAYERS = {
 }
 
 
+def _hybrid_case(family: str, precision: str, attention: str, layer: int) -> tuple[bool, bool]:
+    """(run, slow) of a hybrid family's case. The scans are slow on CPU, so each mechanism is checked
+    once: every layer in bf16 with SDPA (the fast suite), every layer in fp32 with SDPA (the up-casts
+    that are no-ops in fp32), and eager attention in bf16 on the layers that attend (a Mamba or
+    DeltaNet mixer does not depend on the attention kernel); fp32 with eager attention adds nothing
+    the dense families' fp32 eager cases do not check. A variant of a family's mixer (``_MIXER_VARIANTS``)
+    has the family's attention: its eager case is the family's."""
+    if (precision, attention) == ("bf16", "sdpa"):
+        return True, False
+    if attention == "sdpa":
+        return True, True
+    attends = model_from_config(_CONFIGS[family]).layers[layer].attends
+    return precision == "bf16" and attends and family not in _MIXER_VARIANTS, True
+
+
 def _cases() -> list[object]:
     cases = []
     for family in _CONFIGS:
@@ -99,10 +116,13 @@ def _cases() -> list[object]:
                 if attention == "sdpa" and family in _EAGER_ONLY:
                     continue
                 for layer in HYBRID_LAYERS.get(family) or _LAYERS.get(family, (1,)):
-                    # The hybrids' scans are slow on CPU: their bf16 SDPA case stays in the fast suite.
-                    slow = family in HYBRID_LAYERS and (precision, attention) != ("bf16", "sdpa")
-                    marks = (pytest.mark.slow,) if slow else ()
-                    cases.append(pytest.param(family, precision, attention, layer, marks=marks))
+                    run, slow = (
+                        _hybrid_case(family, precision, attention, layer) if family in HYBRID_LAYERS else (True, False)
+                    )
+                    if run:
+                        cases.append(
+                            pytest.param(family, precision, attention, layer, marks=(pytest.mark.slow,) * slow)
+                        )
     return cases
 
 
@@ -211,7 +231,8 @@ def test_autocast_moe_recipe_matches_autograd(family: str) -> None:
     assert ours == pytest.approx(truth, rel=0.01)
 
 
-_MIXER_LAYERS = {"qwen3_next": 2, "jamba": 1, "falcon_h1": 1, "falcon_h1-no-mamba-norm": 1, "nemotron_h": 2}
+#: One mixer layer per scan: gated DeltaNet, Mamba 1, Mamba 2 beside attention (Falcon-H1) and alone (Nemotron-H).
+_MIXER_LAYERS = {"qwen3_next": 2, "jamba": 1, "falcon_h1": 1, "nemotron_h": 2}
 
 
 def _frozen_per_token(config: dict, *, seq: int, layer: int) -> float:
