@@ -27,9 +27,20 @@ __all__ = [
 ]
 
 
+#: Longest message kept (characters): a message quoting a huge value keeps its start and end.
+MAX_MESSAGE_CHARS = 1000
+
+
 def _one_line(message: str) -> str:
-    """Collapse whitespace runs that contain newlines so a message stays on one line."""
-    return " ".join(message.split()) if "\n" in message or "\r" in message else message
+    """Collapse whitespace runs that contain newlines so a message stays on one line, and keep
+    at most :data:`MAX_MESSAGE_CHARS` characters (the middle of a longer one is left out)."""
+    if "\n" in message or "\r" in message:
+        message = " ".join(message.split())
+    if len(message) > MAX_MESSAGE_CHARS:
+        head, tail = MAX_MESSAGE_CHARS * 3 // 4, MAX_MESSAGE_CHARS // 5
+        left_out = len(message) - head - tail
+        message = f"{message[:head]}...[{left_out} characters left out]...{message[-tail:]}"
+    return message
 
 
 class VramlensError(Exception):

@@ -50,7 +50,9 @@ def test_matrix_file_and_markdown(tmp_path: Path, capsys: pytest.CaptureFixture[
     matrix = tmp_path / "m.yaml"
     matrix.write_text(f"model: {MODULE}\nsteps: 3\nbatch: 2\nseq: 16\ndevice: cpu\nruns:\n  - control\n"
                       "  - {name: Chunked, techniques: [chunked-loss]}\n")  # fmt: skip
-    status, out, err = run(["-c", str(matrix), "--store", str(tmp_path / "r.jsonl"), "--format", "markdown"], capsys)
+    status, out, err = run(
+        ["-c", str(matrix), "--store", str(tmp_path / "r.jsonl"), "--format", "markdown", "--trust-model-code"], capsys
+    )
     assert status == 0, err
     assert out.startswith("| Configuration | Peak (MiB) |")
     assert "| Chunked |" in out and "Device: cpu" in out

@@ -164,3 +164,17 @@ def test_show_a_checkpoint_directory_reports_stored_bytes(tmp_path: Path, capsys
     assert data["checkpoint"]["bytes_by_dtype"] == {"BF16": 2 * data["parameters"]}
     status, out, _ = run(["models", "show", str(tmp_path)], capsys)
     assert status == 0 and "checkpoint" in out and "11 tensors" in out
+
+
+def test_progress_notes_escape_what_they_quote(capsys: pytest.CaptureFixture[str]) -> None:
+    """A note (e.g. 'reading PATH from transformers' code') quotes a path or config strings: its
+    control characters are escaped and its length capped like every line the CLI prints (issue 21)."""
+    import logging
+
+    from vramlens.cli.app import _notes_on_stderr
+
+    _notes_on_stderr()
+    logging.getLogger("vramlens.model.generic").info("reading %s", "/m/\x1b]0;pwned\x07" + "a" * 5000)
+    err = capsys.readouterr().err
+    assert err.startswith("note: reading /m/\\x1b]0;pwned\\x07") and "\x1b" not in err and "\x07" not in err
+    assert len(err) < 1100 and err.count("\n") == 1

@@ -84,7 +84,7 @@ BAD = [
     _case({"mode": "infer", "kv_dtype": "fp8"}, "kv_dtype", "engine vllm", "infer-fp8-kv-on-hf"),
     _case({"mode": "infer", "context": 10**6}, "context", "allow_long_context", "infer-context-too-long"),
     _case({"gpu": "h900"}, "gpu", "24GiB", "gpu-unknown"),
-    _case({"gpu": "0GiB"}, "gpu", "positive", "gpu-zero"),
+    _case({"gpu": "0GiB"}, "gpu", "from 256 MiB to 64 TiB", "gpu-zero"),
     _case({"batch_size": 8}, "workload", "accepted keys: model, mode", "unknown-key"),
     _case({"lora": {"ranks": 8}}, "lora", "rank", "unknown-lora-key"),
 ]
@@ -139,7 +139,7 @@ def test_falcon_lora_accepts_its_transformers_module_names(model: str) -> None:
 MODELS = [LLAMA, "qwen2.5-0.5b", "gemma-2-2b", "mixtral-8x7b", "phi-3-mini", "gpt2", "deepseek-v3"]
 MODELS += ["qwen3-30b-a3b", "falcon-7b"]  # every context is at least 1024 tokens
 GPU_NAMES = sorted({name for gpu in gpu_table() for name in (gpu.name, *gpu.aliases)})
-GPU_SIZES = ["24GiB", "80 GB", "1.5TiB", "16gib", "1MiB", "4096"]
+GPU_SIZES = ["24GiB", "80 GB", "1.5TiB", "16gib", "512MiB", "4294967296"]
 REAL_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "qkv_proj"]
 REAL_MODULES += ["gate_up_proj", "c_attn", "c_fc", "c_proj", "q_a_proj", "kv_b_proj", "shared_experts.up_proj"]
 FAKE_MODULES = ["fake_proj", "mlp", "experts", "lm_head"]

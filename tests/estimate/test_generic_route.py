@@ -39,6 +39,7 @@ def hybrid() -> Any:
         ({"mode": "infer", "max_num_batched_tokens": 64}, r"^max_num_batched_tokens: chunked prefill is not modelled"),
         ({"method": "lora", "quant": "gptq-int4"}, r"^quant: gptq-int4 is not modelled .*bitsandbytes NF4"),
         ({"mode": "infer", "quant": "fp8"}, r"^quant: fp8 is not modelled .*bitsandbytes NF4 or unquantized weights"),
+        ({"method": "lora", "lora": {"targets": ["lm_head"]}}, r"^lora\.targets: lm_head is not modelled .*LM head"),
     ],
 )
 def test_what_a_recipe_cannot_show_is_refused_in_one_line(

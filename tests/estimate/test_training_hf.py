@@ -34,6 +34,8 @@ _CASES = {
     "eager attention": ({"attention": "eager"}, 0.03),
     "LoRA all-linear": ({"method": "lora"}, 0.03),
     "LoRA q,v": ({"method": "lora", "targets": ("q_proj", "v_proj")}, 0.03),
+    # fp32 adapters on fp32 inputs: lora_A keeps the norm's output itself (no cast copy).
+    "LoRA q,v, fp32": ({"method": "lora", "targets": ("q_proj", "v_proj"), "precision": "fp32"}, 0.03),
     "LoRA + autocast": ({"method": "lora", "precision": "mixed-bf16"}, 0.03),
     "LoRA + full recompute, long sequence": ({"method": "lora", "recompute": True, "batch": 8, "seq": 512}, 0.03),
 }

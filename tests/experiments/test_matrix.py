@@ -76,7 +76,7 @@ def test_yaml_matrix_with_overrides(tmp_path: Path) -> None:
         ("model: m\noptimizer: adam\nruns: [control]\n", r"^optimizer: 'adam'; accepted: adamw, adafactor, sgd"),
         ("model: m\ndevice: tpu\nruns: [control]\n", r"^device: 'tpu'; accepted: auto, cpu, cuda, cuda:N"),
         ("[1, 2]\n", r"^--config: .* must be a mapping with a 'runs' list"),
-        ("model: [\n", r"^--config: .* is not valid YAML"),
+        ("model: [\n", r"^--config: .* invalid YAML at line 2"),
     ],
 )
 def test_bad_matrix_files_are_one_line_errors(tmp_path: Path, text: str, message: str) -> None:

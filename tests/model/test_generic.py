@@ -128,3 +128,24 @@ def test_what_cannot_be_described_is_refused_in_one_line(config: dict[str, Any],
     with pytest.raises(ConfigError) as info:
         parse_config(config, source="cfg")
     assert expected in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_hostile_layer_count_is_refused_before_anything_is_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 21: building costs time per layer (9,000 small layers took a minute), so a config
+    read from code may declare at most MAX_CODE_LAYERS per stack, at any nesting."""
+    from vramlens.model import generic
+    from vramlens.model.generic import reader
+
+    monkeypatch.setenv("VRAMLENS_CACHE_DIR", str(tmp_path))
+    built: list[str] = []
+    monkeypatch.setattr(reader, "build_meta_model", lambda *args: built.append("built") or (None, ""))
+    for overrides in ({"num_hidden_layers": 1_000_000}, {"vision_config": {"depth": generic.MAX_CODE_LAYERS + 1}}):
+        config = {**small_config("qwen3_5_moe_text"), "layer_types": None, **overrides}
+        with pytest.raises(ConfigError, match=r"at most 1,024 layers per stack") as info:
+            parse_config(config, source="config.json")
+        assert "\n" not in str(info.value) and (
+            "1,000,000" in str(info.value) or "vision_config.depth" in str(info.value)
+        )
+    assert built == []

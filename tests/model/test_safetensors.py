@@ -125,7 +125,7 @@ def _corrupt(tmp_path: Path, payload: bytes) -> Path:
         (b"\x01\x02", "truncated safetensors file"),
         (struct.pack("<Q", 500) + b"{}", "truncated safetensors header: declares 500 bytes"),
         (struct.pack("<Q", 2**60), "exceeds"),
-        (struct.pack("<Q", 5) + b"{nope", "not valid JSON"),
+        (struct.pack("<Q", 5) + b"{nope", "invalid JSON"),
         (struct.pack("<Q", 2) + b"[]", "expected a JSON object"),
         (_raw({"t": {"dtype": "Q7", "shape": [1], "data_offsets": [0, 1]}}, 1), "unknown dtype 'Q7'"),
         (_raw({"t": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}, 8), "do not lie within the 8 data bytes"),

@@ -227,7 +227,11 @@ def test_every_knob_step_never_raises_the_peak(model: str, gpus: int, loss: str,
     step along any axis never raises the estimated device peak. Checked on random points of
     random groups against the estimator itself. (This test found that the step from one
     micro-batch to gradient accumulation can raise it, and that selective recompute and full
-    checkpointing of every 4th layer are not ordered; the search now handles both.)"""
+    checkpointing of every 4th layer are not ordered; the search now handles both.) The allocated
+    level must never rise; the device level may rise by the allocator's slack only, within 1%:
+    the slack is replayed, and a step's new request sizes can strand a block the old ones did
+    not (Mixtral-8x7B LoRA, batch 4: the chunked loss frees 88 MB and strands 474 MB more), so
+    the pruning can miss a candidate within 1% of the budget, never report a wrong peak."""
     user, spec, device = prepare(
         {"model": model, "loss": loss, "optimizer": optimizer, "batch": 4}, gpu="h100-80gb", gpus=gpus
     )
@@ -235,13 +239,14 @@ def test_every_knob_step_never_raises_the_peak(model: str, gpus: int, loss: str,
     axes = knob_axes(user, group, data.draw(st.sampled_from(RECOMPUTE_CHAINS)))
     point = [data.draw(st.integers(0, len(axis) - 1)) for axis in axes]
 
-    def peak(index: list[int]) -> int | None:
+    def peak(index: list[int]) -> tuple[int, int] | None:
         recompute, loss_, optimizer_, offload, micro = (axis[i] for axis, i in zip(axes, index, strict=True))
         knobs = Knobs(recompute=recompute, loss=loss_, optimizer=optimizer_, offload=offload, micro_batch=micro)  # type: ignore[arg-type]
         try:
-            return estimate_resolved(spec, apply_knobs(user, group, knobs), device).device_bytes
+            report = estimate_resolved(spec, apply_knobs(user, group, knobs), device)
         except InputError:
             return None
+        return report.allocated_bytes, report.device_bytes
 
     here = peak(point)
     for axis in range(len(axes)):
@@ -250,4 +255,5 @@ def test_every_knob_step_never_raises_the_peak(model: str, gpus: int, loss: str,
         if axis == len(axes) - 1 and point[axis] == 0:
             continue  # into gradient accumulation: not monotone, searched apart (search_group)
         step = peak([*point[:axis], point[axis] + 1, *point[axis + 1 :]])
-        assert step is None or step <= here, (axis, [a[i] for a, i in zip(axes, point, strict=True)], here, step)
+        where = (axis, [a[i] for a, i in zip(axes, point, strict=True)], here, step)
+        assert step is None or (step[0] <= here[0] and step[1] <= here[1] * 1.01), where

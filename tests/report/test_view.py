@@ -163,7 +163,7 @@ def test_open_source_reads_npz_and_both_profiler_exports(tmp_path: Path) -> None
         (b"[1, 2, 3]", "JSON of an unknown shape"),
         (b"[[1, 2], [[0, 1]]]", "rows of 9 ints"),
         (b"[[0, 9, 10, 1]]", "action 1-4"),
-        (b"{bad json", "not valid JSON"),
+        (b"{bad json", "invalid JSON"),
         (b"\x1f\x8b\x08garbage", "corrupt gzip"),
         (b"PK\x03\x04junk", "not a readable vramlens timeline"),
     ],
@@ -178,7 +178,7 @@ def test_unreadable_files_are_one_line_input_errors(tmp_path: Path, content: byt
 
 
 def test_missing_file_names_the_accepted_formats(tmp_path: Path) -> None:
-    with pytest.raises(InputError, match=r"cannot read .*accepted: a vramlens timeline \(\.npz\)"):
+    with pytest.raises(InputError, match=r"cannot read.*accepted: a vramlens timeline \(\.npz\)"):
         open_source(tmp_path / "missing.npz")
 
 

@@ -83,16 +83,23 @@ def test_only_loopback_host_names_are_answered(client: Any) -> None:
     rebound = client.get("/api/gpus", headers={"Host": "attacker.example:8000"})
     assert (rebound.status_code, rebound.json()) == (
         400,
-        {"error": "Host header: 'attacker.example' is not served here; accepted: 127.0.0.1, localhost, [::1]"},
+        {
+            "error": "Host header: 'attacker.example' is not served here; accepted: 127.0.0.1, localhost, [::1] "
+            "(vramlens serve --allow-host NAME adds a name)"
+        },
     )
 
 
 def test_pages_of_other_sites_may_not_use_the_server(client: Any) -> None:
     ok = {"model": "llama-3.2-1b"}
-    assert client.post("/api/estimate", json=ok, headers={"Origin": "http://127.0.0.1:8000"}).status_code == 200
-    assert client.post("/api/estimate", json=ok, headers={"Origin": "http://[::1]:8000"}).status_code == 200
-    for origin in ("https://attacker.example", "null", "http://127.0.0.1.attacker.example"):
-        answer = client.post("/api/estimate", json=ok, headers={"Origin": origin})
+    own = {"Host": "127.0.0.1:8000", "Origin": "http://127.0.0.1:8000"}
+    assert client.post("/api/estimate", json=ok, headers=own).status_code == 200
+    assert (
+        client.post("/api/estimate", json=ok, headers={"Host": "[::1]:8000", "Origin": "http://[::1]:8000"}).status_code
+        == 200
+    )
+    for origin in ("https://attacker.example", "null", "http://127.0.0.1.attacker.example", "http://127.0.0.1:3000"):
+        answer = client.post("/api/estimate", json=ok, headers={"Host": "127.0.0.1:8000", "Origin": origin})
         assert answer.status_code == 403, origin
         assert answer.json()["error"].startswith(f"Origin header: {origin!r} may not use this server")
 

@@ -41,7 +41,16 @@ def test_serve_answers_loopback_names_and_its_own_host() -> None:
     assert _hosts("127.0.0.1") == ("127.0.0.1", "localhost", "[::1]")
     assert _hosts("::1") == ("127.0.0.1", "localhost", "[::1]")
     assert _hosts("192.168.1.5") == ("127.0.0.1", "localhost", "[::1]", "192.168.1.5")
-    assert _hosts("0.0.0.0") is None  # every name: the user chose to share it
+    assert _hosts("::1", ("My.Box", "fe80::1")) == ("127.0.0.1", "localhost", "[::1]", "my.box", "[fe80::1]")
+
+
+def test_a_wildcard_bind_still_answers_only_known_names() -> None:
+    import socket
+
+    hosts = _hosts("0.0.0.0", ("vramlens.example",))
+    assert hosts[:3] == ("127.0.0.1", "localhost", "[::1]")
+    assert socket.gethostname().lower() in hosts and "vramlens.example" in hosts
+    assert "evil.com" not in hosts
 
 
 def test_the_schema_documents_every_workload_key() -> None:

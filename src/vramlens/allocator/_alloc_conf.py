@@ -158,9 +158,13 @@ def _closing_bracket(tokens: list[str], i: int, key: str) -> int:
         raise ValueError(f"allocator config: {key} list has no closing ']'") from None
 
 
+#: Largest integer a value may hold: PyTorch parses values with ``std::stoul`` (64 bits).
+_MAX_UNSIGNED = 2**64 - 1
+
+
 def _unsigned(text: str, key: str) -> int:
-    if not text.isdigit():
-        raise ValueError(f"allocator config: {key} expects a non-negative integer, got {text!r}")
+    if not (text.isascii() and text.isdigit()) or len(text) > 20 or int(text) > _MAX_UNSIGNED:
+        raise ValueError(f"allocator config: {key} expects a non-negative integer below 2**64, got {text[:40]!r}")
     return int(text)
 
 

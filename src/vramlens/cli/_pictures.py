@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from vramlens.cli._output import echo
 from vramlens.errors import InputError
 from vramlens.report.model import MemoryReport
 
@@ -69,9 +70,9 @@ def write_pictures(
         from vramlens.report.plot import save_plot
 
         written = save_plot(report, plot_path)
-        click.echo(f"plot: written to {written}", err=True)
+        echo(f"plot: written to {written}", err=True)
     if html_path is not None:
         from vramlens.report.html import save_html
 
         written = save_html(report, html_path, details=details)
-        click.echo(f"html: written to {written}", err=True)
+        echo(f"html: written to {written}", err=True)

@@ -9,12 +9,12 @@ imported only when needed: matplotlib only for ``--plot``.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import click
 
+from vramlens.cli._output import echo
 from vramlens.cli._pictures import check_pictures, picture_options
 
 if TYPE_CHECKING:
@@ -47,18 +47,17 @@ def show_rlhf_pictures(
 ) -> None:
     """Print the terminal timeline (table format) and write the files the flags asked for."""
     if fmt == "table" and timeline:
-        from rich.console import Console
-
         from vramlens.report.rlhf_text import RlhfTimeline
+        from vramlens.report.terminal import terminal_console
 
-        console = Console(width=None if sys.stdout.isatty() else 120, highlight=False)
+        console = terminal_console()
         console.print()
         console.print(RlhfTimeline(report=report, ascii=ascii_only))
     if plot_path is not None:
         from vramlens.report.rlhf_plot import plot_rlhf
 
-        click.echo(f"plot: written to {plot_rlhf(report, plot_path)}", err=True)
+        echo(f"plot: written to {plot_rlhf(report, plot_path)}", err=True)
     if html_path is not None:
         from vramlens.report.rlhf_html import save_rlhf_html
 
-        click.echo(f"html: written to {save_rlhf_html(report, html_path)}", err=True)
+        echo(f"html: written to {save_rlhf_html(report, html_path)}", err=True)

@@ -6,11 +6,11 @@ one-line errors as ``vramlens estimate`` gives (exit status 2).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import click
 
+from vramlens.cli._output import dumps, echo
 from vramlens.units import format_bytes
 
 __all__ = ["activations_command"]
@@ -40,10 +40,10 @@ def activations_command(model: str, batch: str, seq: str, precision: str, attent
 
     count = count_activations(model, batch=batch, seq=seq, precision=precision, attention=attention)
     if fmt == "json":
-        click.echo(json.dumps(count.to_dict(), indent=2))
+        click.echo(dumps(count.to_dict(), indent=2))
         return
     for line in _text(count):
-        click.echo(line)
+        echo(line)
 
 
 def _number(value: float) -> str:

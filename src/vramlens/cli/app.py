@@ -13,7 +13,9 @@ import sys
 
 import click
 
+from vramlens._untrusted import abridge, terminal_text
 from vramlens._version import __version__
+from vramlens.cli._output import echo
 from vramlens.cli.activations import activations_command
 from vramlens.cli.estimate import estimate_command
 from vramlens.cli.experiment import experiment_command
@@ -24,7 +26,7 @@ from vramlens.cli.serve import serve_command
 from vramlens.cli.simulate import compare_command, simulate_command
 from vramlens.cli.sweep import sweep_command
 from vramlens.cli.view import diff_command, view_command
-from vramlens.errors import VramlensError
+from vramlens.errors import MAX_MESSAGE_CHARS, VramlensError
 
 __all__ = ["cli", "main"]
 
@@ -50,11 +52,13 @@ cli.add_command(diff_command)
 
 
 class _StderrNotes(logging.Handler):
-    """Writes a record as ``note: ...`` to whatever ``sys.stderr`` is when it is emitted."""
+    """Writes a record as ``note: ...`` to whatever ``sys.stderr`` is when it is emitted; the
+    note may quote a file's path or a config's strings, so it is abridged and its control
+    characters escaped, as every line the CLI prints."""
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            sys.stderr.write(f"note: {record.getMessage()}\n")
+            sys.stderr.write(f"note: {terminal_text(abridge(record.getMessage(), MAX_MESSAGE_CHARS))}\n")
         except Exception:
             self.handleError(record)
 
@@ -74,17 +78,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cli.main(args=argv, prog_name="vramlens", standalone_mode=False)
     except VramlensError as exc:
-        click.echo(f"error: {exc}", err=True)
+        echo(f"error: {exc}", err=True)
         return 2
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         return 130
     except click.UsageError as exc:
         command = exc.ctx.command_path if exc.ctx is not None else "vramlens"
-        click.echo(f"error: {exc.format_message()} (see '{command} --help')", err=True)
+        echo(f"error: {exc.format_message()} (see '{command} --help')", err=True)
         return exc.exit_code
     except click.ClickException as exc:
-        click.echo(f"error: {exc.format_message()}", err=True)
+        echo(f"error: {exc.format_message()}", err=True)
         return exc.exit_code
     except click.exceptions.Exit as exc:
         return exc.exit_code

@@ -8,12 +8,12 @@ validated by the workload loader, so errors are the same one-liners as for files
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
 import click
 
+from vramlens.cli._output import dumps, echo
 from vramlens.cli._pictures import check_pictures, picture_options, write_pictures
 from vramlens.errors import InputError
 
@@ -52,7 +52,7 @@ FLAGS: dict[str, tuple[str, str]] = {
     "lora-rank": ("lora.rank", "LoRA rank r"),
     "lora-alpha": ("lora.alpha", "LoRA alpha"),
     "lora-dropout": ("lora.dropout", "LoRA dropout"),
-    "lora-targets": ("lora.targets", "all-linear, or comma-separated module names (q_proj,v_proj)"),
+    "lora-targets": ("lora.targets", "all-linear, or comma-separated module names (q_proj,v_proj,lm_head)"),
     "modules-to-save": ("lora.modules_to_save", "comma-separated modules trained in full (embed_tokens,lm_head)"),
     "gpus": ("parallel.gpus", "total GPUs"),
     "shard": ("parallel.shard", "none | ddp | zero1 | zero2 | zero3 | fsdp | hsdp"),
@@ -92,8 +92,11 @@ def _overrides(options: dict[str, Any]) -> dict[str, Any]:
 def _with_workload_options(func: Callable[..., Any]) -> Callable[..., Any]:
     for flag, (_, help_text) in reversed(list(SWITCHES.items())):
         func = click.option(f"--{flag}/--no-{flag}", default=None, help=help_text)(func)
-    for flag, (_, help_text) in reversed(list(FLAGS.items())):
-        func = click.option(f"--{flag}", default=None, metavar="VALUE", help=help_text)(func)
+    from vramlens.workload.ranges import RANGES
+
+    for flag, (path, help_text) in reversed(list(FLAGS.items())):
+        bounds = f" ({RANGES[path].describe()})" if path in RANGES else ""
+        func = click.option(f"--{flag}", default=None, metavar="VALUE", help=help_text + bounds)(func)
     return func
 
 
@@ -174,14 +177,14 @@ def _show(report: Any, fmt: str, explain: bool, answer: Any, *, ascii_only: bool
         data = report.to_dict()
         if answer is not None:
             data["capacity"] = {"key": answer.key, "value": answer.value, "limit": answer.limit}
-        click.echo(json.dumps(data, indent=2))
+        click.echo(dumps(data, indent=2))
         return
     if headline:
-        click.echo(headline)
+        echo(headline)
     if fmt == "markdown":
         from vramlens.report.text import markdown_report
 
-        click.echo(markdown_report(report, explain=explain), nl=False)
+        echo(markdown_report(report, explain=explain), nl=False)
     else:
         from vramlens.report.text import print_report
 

@@ -11,17 +11,19 @@ goes to stderr; the table (or Markdown, or JSON) to stdout.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import click
 
+from vramlens.cli._output import dumps, echo
 from vramlens.errors import InputError
 
 __all__ = ["experiment_command"]
 
 
-def _matrix(model: str | None, techniques: str | None, config: str | None, settings: dict[str, Any]) -> Any:
+def _matrix(
+    model: str | None, techniques: str | None, config: str | None, settings: dict[str, Any], *, trust: bool
+) -> Any:
     from vramlens.experiments.matrix import load_matrix, matrix_from_list
 
     if config is not None:
@@ -29,7 +31,7 @@ def _matrix(model: str | None, techniques: str | None, config: str | None, setti
             raise InputError(
                 "--techniques: give the runs either in the matrix file (-c) or with --techniques, not both"
             )
-        return load_matrix(config, {"model": model, **settings})
+        return load_matrix(config, {"model": model, **settings}, trust_model_code=trust)
     if model is None:
         raise InputError("MODEL: required (a catalog name, config.json, model directory or module:callable)")
     return matrix_from_list(model, techniques or "", **{k: v for k, v in settings.items() if v is not None})
@@ -40,16 +42,17 @@ def _run_with_progress(matrix: Any, store: Any, *, simulate: bool) -> Any:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from vramlens._untrusted import abridge, terminal_text
     from vramlens.experiments import run_matrix
     from vramlens.experiments.techniques import unavailable_reason
 
-    console = Console(stderr=True)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    console = Console(stderr=True, markup=False, highlight=False, emoji=False)
+    columns = (TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=False) as progress:
         current: dict[str, Any] = {}
 
         def on_run(spec: Any, index: int, count: int, stored: bool) -> None:
-            label = f"[{index}/{count}] {spec.name}"
+            label = f"[{index}/{count}] {terminal_text(abridge(spec.name, 80))}"  # a name from the matrix file
             unavailable = unavailable_reason(spec.techniques)
             if stored or unavailable:
                 progress.add_task(f"{label} ({'stored, skipped' if stored else unavailable})", total=1, completed=1)
@@ -91,6 +94,12 @@ def _run_with_progress(matrix: Any, store: Any, *, simulate: bool) -> Any:
     "--plot", "plot_path", type=click.Path(dir_okay=False), help="Also write peak memory vs time: .png or .svg."
 )
 @click.option("--no-simulate", "no_simulate", is_flag=True, help="Skip the simulator's prediction (estimate only).")
+@click.option(
+    "--trust-model-code",
+    "trust_model_code",
+    is_flag=True,
+    help="Allow 'model: module:callable' in the matrix file: vramlens imports that module and calls the factory.",
+)
 def experiment_command(
     model: str | None,
     techniques: str | None,
@@ -99,6 +108,7 @@ def experiment_command(
     fmt: str,
     plot_path: str | None,
     no_simulate: bool,
+    trust_model_code: bool,
     **settings: Any,
 ) -> None:
     """Train MODEL under memory-saving techniques, measure peak memory, speed and loss, and put
@@ -109,19 +119,19 @@ def experiment_command(
         from vramlens.report.plot import plot_target
 
         plot_target(plot_path)
-    matrix = _matrix(model, techniques, config, settings)
+    matrix = _matrix(model, techniques, config, settings, trust=trust_model_code)
     store = ResultStore(store_path)
     result = _run_with_progress(matrix, store, simulate=not no_simulate)
     if fmt == "json":
-        click.echo(json.dumps(result.to_dict(), indent=2))
+        click.echo(dumps(result.to_dict(), indent=2))
     elif fmt == "markdown":
         from vramlens.report.experiment_table import experiment_markdown
 
-        click.echo(experiment_markdown(result.rows, device=result.device), nl=False)
+        echo(experiment_markdown(result.rows, device=result.device), nl=False)
     else:
         from vramlens.report.experiment_table import experiment_text
 
-        click.echo(experiment_text(result.rows, device=result.device), nl=False)
+        echo(experiment_text(result.rows, device=result.device), nl=False)
     if plot_path is not None:
         from vramlens.report.experiment_plot import save_experiment_plot
 

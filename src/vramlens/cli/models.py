@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
+from vramlens.cli._output import dumps
 from vramlens.model.catalog import CatalogEntry, catalog_entries, find_entry
 from vramlens.model.resolve import load_model
 from vramlens.model.serialize import spec_summary, spec_to_dict
@@ -44,7 +43,7 @@ def list_models(fmt: str) -> None:
     entries = catalog_entries()
     if fmt == "json":
         rows = [{**spec_summary(e.spec()), "aliases": list(e.aliases), "family": e.family} for e in entries]
-        click.echo(json.dumps(rows, indent=2))
+        click.echo(dumps(rows, indent=2))
         return
     from vramlens.report.model_view import print_models_table
 
@@ -59,7 +58,7 @@ def show_model(model: str, fmt: str) -> None:
     spec = load_model(model)
     entry = find_entry(model)
     if fmt == "json":
-        click.echo(json.dumps({**spec_to_dict(spec), **_published(entry)}, indent=2))
+        click.echo(dumps({**spec_to_dict(spec), **_published(entry)}, indent=2))
         return
     from vramlens.report.model_view import print_model
 

@@ -7,12 +7,12 @@ and ``--plot``. A rich progress bar appears on stderr when the search runs longe
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
 import click
 
+from vramlens.cli._output import dumps, echo
 from vramlens.cli.estimate import with_workload_options, workload_arguments
 from vramlens.errors import InputError
 from vramlens.units import GiB
@@ -79,17 +79,17 @@ def _table(result: Any) -> list[str]:
 
 def _show(result: Any, fmt: str) -> None:
     if fmt == "json":
-        click.echo(json.dumps(result.to_dict(), indent=2))
+        click.echo(dumps(result.to_dict(), indent=2))
         return
     from vramlens.report.plan_text import plan_searched, plan_title
 
-    click.echo(plan_title(result))
-    click.echo(plan_searched(result))
+    echo(plan_title(result))
+    echo(plan_searched(result))
     if result.impossible is not None:
-        click.echo(f"impossible: {result.impossible}")
+        echo(f"impossible: {result.impossible}")
         return
     for line in _table(result):
-        click.echo(line)
+        echo(line)
 
 
 @click.command("plan")
@@ -154,7 +154,10 @@ def _default_ddp(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, A
     """``--gpus N`` alone means N data-parallel ranks: plain DDP unless a strategy is given
     (the workload contract refuses several ranks with ``shard: none``)."""
     flags = overrides.get("parallel", {})
-    given = {**(base.get("parallel") or {}), **flags}
+    from_file = base.get("parallel") or {}
+    if not isinstance(from_file, dict):
+        raise InputError(f"parallel: expected a mapping of keys, got {type(from_file).__name__}")
+    given = {**from_file, **flags}
     if "gpus" not in flags or "shard" in given:
         return overrides
     try:
@@ -174,9 +177,9 @@ def _answer(workload: Any, fmt: str, *, headroom: float, allow_method_change: bo
     if not cheapest:
         count = min_gpus(workload, headroom=headroom, allow_method_change=allow_method_change)
         if fmt == "json":
-            click.echo(json.dumps({"gpu": gpu, "headroom": headroom, "min_gpus": count}))
+            click.echo(dumps({"gpu": gpu, "headroom": headroom, "min_gpus": count}))
         else:
-            click.echo(f"smallest number of {gpu} that fits with {headroom:.0%} headroom: {count or 'more than 1024'}")
+            echo(f"smallest number of {gpu} that fits with {headroom:.0%} headroom: {count or 'more than 1024'}")
         return
     progress = _LazyProgress()
     try:
@@ -186,15 +189,15 @@ def _answer(workload: Any, fmt: str, *, headroom: float, allow_method_change: bo
     finally:
         progress.close()
     if fmt == "json":
-        click.echo(json.dumps({"cheapest": answer.to_dict() if answer is not None else None}, indent=2))
+        click.echo(dumps({"cheapest": answer.to_dict() if answer is not None else None}, indent=2))
     elif answer is None:
-        click.echo(f"nothing fits {workload.parallel.gpus} x {gpu}; see vramlens plan for the smallest setup that does")
+        echo(f"nothing fits {workload.parallel.gpus} x {gpu}; see vramlens plan for the smallest setup that does")
     else:
         name = workload.model if isinstance(workload.model, str) else workload.model.name
         count = len(answer.candidate.changes)
-        click.echo(f"cheapest change for {name} to fit {workload.parallel.gpus} x {gpu}: {count} setting(s)")
+        echo(f"cheapest change for {name} to fit {workload.parallel.gpus} x {gpu}: {count} setting(s)")
         for line in _steps_table(answer):
-            click.echo(line)
+            echo(line)
 
 
 def _steps_table(answer: Any) -> list[str]:

@@ -8,11 +8,11 @@ override the file's keys (:func:`vramlens.rlhf.load_rlhf` documents the file).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import click
 
+from vramlens.cli._output import dumps, echo
 from vramlens.cli._rlhf_pictures import check_pictures, rlhf_picture_options, show_rlhf_pictures
 from vramlens.errors import InputError
 from vramlens.units import GiB
@@ -151,9 +151,9 @@ def render_rlhf_table(report: Any) -> str:
 
 def _show(report: Any, fmt: str) -> None:
     if fmt == "json":
-        click.echo(json.dumps(report.to_dict(), indent=2))
+        click.echo(dumps(report.to_dict(), indent=2))
     else:
-        click.echo(render_rlhf_table(report))
+        echo(render_rlhf_table(report))
 
 
 _ROLE_HELP = "model of the {}: catalog name or config path (default: the actor's model)"

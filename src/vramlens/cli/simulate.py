@@ -7,11 +7,11 @@ prints the estimate and the simulation side by side, per memory level, phase and
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import click
 
+from vramlens.cli._output import dumps, echo
 from vramlens.cli._pictures import check_pictures, picture_options, write_pictures
 from vramlens.cli.estimate import with_workload_options, workload_arguments
 
@@ -79,13 +79,13 @@ def simulate_command(
         from vramlens.trace.timeline_io import save_timeline
 
         written = save_timeline(report.timeline, timeline_path)
-        click.echo(f"timeline: {len(report.timeline)} events written to {written}", err=True)
+        echo(f"timeline: {len(report.timeline)} events written to {written}", err=True)
     if fmt == "json":
-        click.echo(json.dumps(report.to_dict(), indent=2))
+        click.echo(dumps(report.to_dict(), indent=2))
     elif fmt == "markdown":
         from vramlens.report.text import markdown_report
 
-        click.echo(markdown_report(report), nl=False)
+        echo(markdown_report(report), nl=False)
     else:
         from vramlens.report.text import print_report
 
@@ -125,13 +125,13 @@ def compare_command(
     simulated = _simulate(base, overrides, steps, False, timeout)
     comparison = compare_reports([estimated, simulated])
     if fmt == "json":
-        click.echo(json.dumps(comparison_dict(comparison), indent=2))
+        click.echo(dumps(comparison_dict(comparison), indent=2))
     else:
-        from rich.console import Console
+        from vramlens.report.terminal import terminal_console
 
-        Console().print(comparison_table(comparison))
+        terminal_console().print(comparison_table(comparison))
     if plot_path is not None:
         from vramlens.report.plot import save_comparison
 
         written = save_comparison([estimated, simulated], plot_path)
-        click.echo(f"plot: written to {written}", err=True)
+        echo(f"plot: written to {written}", err=True)

@@ -9,11 +9,11 @@ two. ``--sweep KEY=V1,V2`` sweeps any contract key, switches included
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import click
 
+from vramlens.cli._output import dumps, echo
 from vramlens.cli.estimate import FLAGS, with_workload_options, workload_arguments
 from vramlens.errors import InputError
 
@@ -84,11 +84,11 @@ def sweep_command(
     base, overrides = workload_arguments(model, config, options, command="sweep")
     result = sweep(base, axes, **overrides)
     if fmt == "json":
-        click.echo(json.dumps(result.to_dict(), indent=2))
+        click.echo(dumps(result.to_dict(), indent=2))
     else:
         from vramlens.report.sweep_text import sweep_table
 
-        click.echo(sweep_table(result, ascii_only=ascii_only), nl=False)
+        echo(sweep_table(result, ascii_only=ascii_only), nl=False)
     if plot_path is not None:
         from vramlens.report.sweep_plot import save_sweep_plot
 

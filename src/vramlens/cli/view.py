@@ -7,11 +7,11 @@ run's ranks: per-rank peaks, their skew, and the details of the highest rank.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import click
 
+from vramlens.cli._output import dumps
 from vramlens.cli._pictures import check_pictures, picture_options, write_pictures
 
 __all__ = ["diff_command", "view_command"]
@@ -78,13 +78,13 @@ def view_command(
     if len(sources) == 1:
         view = build_view(sources[0], **options)
         if fmt == "json":
-            click.echo(json.dumps(view.to_dict(), indent=2))
+            click.echo(dumps(view.to_dict(), indent=2))
         else:
             print_renderable(view_renderable(view, stack_lines=stack_lines, ascii_only=ascii_only))
     else:
         ranks = build_ranks(sources, **options)
         if fmt == "json":
-            click.echo(json.dumps(ranks.to_dict(), indent=2))
+            click.echo(dumps(ranks.to_dict(), indent=2))
         else:
             print_renderable(ranks_renderable(ranks, stack_lines=stack_lines, ascii_only=ascii_only))
         view = ranks.detailed  # pictures show the rank with the highest peak
@@ -109,7 +109,7 @@ def diff_command(a: str, b: str, fmt: str, device: int | None, no_replay: bool) 
     ]
     diff = diff_views(*views)
     if fmt == "json":
-        click.echo(json.dumps(diff.to_dict(), indent=2))
+        click.echo(dumps(diff.to_dict(), indent=2))
         return
     from vramlens.report.view_text import diff_renderable, print_renderable
 

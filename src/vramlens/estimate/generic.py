@@ -25,10 +25,11 @@ from typing import Any
 from vramlens.errors import InputError
 from vramlens.estimate.context import TrainingContext
 from vramlens.estimate.layout import EMBED_NAMES, ParamLayout, StageView, TrainableGroup, effective_quant
+from vramlens.estimate.lora_head import HEAD_NAMES
 from vramlens.estimate.qlora import BNB_4BIT_QUANTS, kbit_prepared, unquantized_bytes
 from vramlens.model.generic.layout import Component, GenericLayout
 from vramlens.model.generic.recipe import InferenceRecipe, TrainingRecipe, recipe_from_json, recipe_to_json
-from vramlens.model.generic.store import RecipeFile, recipe_file
+from vramlens.model.generic.store import RecipeFile, recipe_file, require_code_reading
 from vramlens.model.spec import ModelSpec
 from vramlens.workload.options import Framework, Method, Quant, Recompute
 from vramlens.workload.spec import ALL_LINEAR
@@ -42,7 +43,6 @@ __all__ = [
     "training_recipe",
 ]
 
-_HEAD_NAMES = {"lm_head", "embed_out", "output"}
 _LOG = logging.getLogger(__name__)
 _FIRST_STAGE = (Component.EMBEDDING, Component.POSITION_EMBEDDING, Component.VISION, Component.PROJECTOR)
 
@@ -90,6 +90,14 @@ def generic_lora_targets(ctx: TrainingContext) -> frozenset[str]:
     chosen: set[str] = set()
     for target in targets:
         matches = {n for n in names if n == target or n.endswith("." + target)}
+        if not matches and target in HEAD_NAMES:
+            raise _refuse(
+                "lora.targets",
+                target,
+                ctx.spec,
+                "recipes trace adapters inside the layers; the LM head adapter is "
+                "modelled for the hand-written families only",
+            )
         if not matches:
             raise InputError(
                 f"lora.targets: {ctx.spec.name} has no linear module {target!r}; its modules are {', '.join(sorted(names))}"
@@ -130,8 +138,8 @@ def _peft_groups(
     table = ctx.spec.vocab_size * ctx.spec.hidden_size
     saved = recipe.trainable_outside if (first and last) else 0
     for name in ctx.workload.lora.modules_to_save:
-        if name not in EMBED_NAMES | _HEAD_NAMES:
-            accepted = ", ".join(sorted(EMBED_NAMES | _HEAD_NAMES))
+        if name not in EMBED_NAMES | HEAD_NAMES:
+            accepted = ", ".join(sorted(EMBED_NAMES | HEAD_NAMES))
             raise InputError(f"lora.modules_to_save: unknown module {name!r}; accepted: {accepted}")
         if not (first and last):
             saved += table if (first if name in EMBED_NAMES else last) else 0
@@ -244,6 +252,7 @@ def _recipe(spec: ModelSpec, signature: dict[str, Any], lengths: dict[str, int],
     stored: dict[str, Any] = found if isinstance(found, dict) else {}
     recipe = _stored(stored.get(key)) or _interpolating(stored, signature, lengths)
     if recipe is None:
+        require_code_reading(f"{spec.name}: tracing its layer recipe for this setting")
         _LOG.info(
             "tracing the layer recipe of %s from transformers' code for this setting (once; cached in %s)",
             spec.name,

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from vramlens.errors import InputError
 from vramlens.estimate._memo import memo
 from vramlens.estimate.context import TrainingContext
+from vramlens.estimate.lora_head import HEAD_NAMES, head_adapter_elements
 from vramlens.estimate.qlora import BNB_4BIT_QUANTS, kbit_prepared, unquantized_bytes
 from vramlens.estimate.styles import hf_style
 from vramlens.estimate.vision import tower_targets, vision_frozen_bytes, vision_trained
@@ -36,7 +37,6 @@ __all__ = [
 ]
 
 EMBED_NAMES = {"embed_tokens", "wte", "embed_in", "word_embeddings", "tok_embeddings"}
-_HEAD_NAMES = {"lm_head", "embed_out", "output"}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -111,7 +111,8 @@ def _check_peft(ctx: TrainingContext, chosen: frozenset[str]) -> frozenset[str]:
 
 
 def lora_targets(ctx: TrainingContext) -> frozenset[str]:
-    """Module names that get LoRA adapters; errors name ``lora.targets`` for unknown modules."""
+    """Module names that get LoRA adapters; errors name ``lora.targets`` for unknown modules. The LM
+    head is a target when named (:data:`HEAD_NAMES`); ``all-linear`` leaves it out, as PEFT does."""
     if ctx.method not in (Method.LORA, Method.QLORA):
         return frozenset()
     names = {shape.name for shape in all_layer_linears(ctx.spec)}
@@ -128,10 +129,12 @@ def lora_targets(ctx: TrainingContext) -> frozenset[str]:
     chosen = set()
     for target in targets:
         matches = {n for n in names if n == target or n.endswith("." + target)} | tower_targets(ctx.spec, target)
+        if not matches and target in HEAD_NAMES:
+            matches = {target}
         if not matches:
             raise InputError(
                 f"lora.targets: {ctx.spec.name} has no linear module {target!r}; its modules are "
-                f"{', '.join(sorted(names | tower))}"
+                f"{', '.join(sorted(names | tower))} and the head (lm_head)"
             )
         chosen |= matches
     return _check_peft(ctx, frozenset(chosen))
@@ -200,10 +203,10 @@ def _modules_to_save(ctx: TrainingContext, *, first: bool, last: bool) -> int:
     for name in ctx.workload.lora.modules_to_save:
         if name in EMBED_NAMES:
             elements += table if first else 0
-        elif name in _HEAD_NAMES:
+        elif name in HEAD_NAMES:
             elements += table if last else 0
         else:
-            accepted = ", ".join(sorted(EMBED_NAMES | _HEAD_NAMES))
+            accepted = ", ".join(sorted(EMBED_NAMES | HEAD_NAMES))
             raise InputError(f"lora.modules_to_save: unknown module {name!r}; accepted: {accepted}")
     return elements
 
@@ -226,17 +229,27 @@ def _edge_elements(ctx: TrainingContext, *, first: bool, last: bool) -> int:
     return elements
 
 
-def _peft_groups(ctx: TrainingContext, adapters: int, *, first: bool, last: bool) -> list[TrainableGroup]:
+def adapter_groups(ctx: TrainingContext, adapters: int, head: bool) -> list[TrainableGroup]:
+    """LoRA adapters of the layers and, when ``head``, the adapter on the LM head (fp32 under PEFT):
+    a group of their own, so that FSDP's per-layer units do not count the head's."""
+    dtype = 4 if ctx.profile.adapters_fp32 else ctx.compute_bytes
+    sizes = {"LoRA adapters": adapters}
+    if head:
+        rank, vocab = ctx.workload.lora.rank, ctx.spec.vocab_size // ctx.workload.parallel.tp
+        sizes["LoRA adapter on the LM head"] = head_adapter_elements(rank, ctx.spec.hidden_size, vocab)
+    return [
+        TrainableGroup(name=name, elements=elements, param_bytes=dtype, grad_bytes=dtype, state_bytes=dtype)
+        for name, elements in sizes.items()
+        if elements
+    ]
+
+
+def _peft_groups(
+    ctx: TrainingContext, adapters: int, *, first: bool, last: bool, targets: frozenset[str]
+) -> list[TrainableGroup]:
     """Trainable groups of a PEFT run: LoRA adapters (fp32 under PEFT) and the trained copies
     of ``lora.modules_to_save`` (in the frozen weights' dtype)."""
-    groups: list[TrainableGroup] = []
-    if adapters:
-        dtype = 4 if ctx.profile.adapters_fp32 else ctx.compute_bytes
-        groups.append(
-            TrainableGroup(
-                name="LoRA adapters", elements=adapters, param_bytes=dtype, grad_bytes=dtype, state_bytes=dtype
-            )
-        )
+    groups = adapter_groups(ctx, adapters, last and bool(targets & HEAD_NAMES))
     saved = _modules_to_save(ctx, first=first, last=last)
     if saved:
         dtype = int(unquantized_bytes(ctx))  # PEFT copies the module as it is (fp32 after k-bit preparation)
@@ -292,7 +305,7 @@ def _stage(
         ]
     else:
         frozen += edges * unquantized_bytes(ctx)
-        groups = _peft_groups(ctx, adapters, first=first, last=last)
+        groups = _peft_groups(ctx, adapters, first=first, last=last, targets=targets)
     return StageView(
         name=name,
         layer_range=layer_range,

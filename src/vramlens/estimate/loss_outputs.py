@@ -32,8 +32,7 @@ def model_logits_bytes(ctx: TrainingContext) -> int:
 
 
 def loss_chunks(ctx: TrainingContext) -> float:
-    """Tokens over the tokens of the largest loss chunk: a chunk count, or for chunks of a
-    fixed length (LitGPT) the sequence over the longest chunk, min(seq, positions)."""
+    """Tokens over those of the largest loss chunk (LitGPT's fixed-length chunks: seq / min(seq, positions))."""
     positions = ctx.profile.chunked_loss_positions
     if positions is None:
         return ctx.profile.chunked_loss_chunks

@@ -16,6 +16,7 @@ from vramlens.estimate.context import TrainingContext
 from vramlens.estimate.fsdp import Unsharded, fsdp_memory
 from vramlens.estimate.layout import EMBED_NAMES, StageView, effective_quant
 from vramlens.estimate.logits import LogitsMemory, logits_memory
+from vramlens.estimate.lora_head import training_lora_head, with_lora_head
 from vramlens.estimate.loss_outputs import fp32_model_outputs, loss_chunks, model_logits_bytes
 from vramlens.estimate.mixers import mixer_backward_working
 from vramlens.estimate.optimizers import OptimizerModel, optimizer_model
@@ -351,14 +352,14 @@ def stage_memory(ctx: TrainingContext, stage: StageView, targets: frozenset[str]
         )
     _activations(ctx, mem, acts)
     if stage.last:
-        logits_terms(ctx, mem)
+        logits_terms(ctx, mem, targets)
     _transients(ctx, mem, targets)
     _optimizer_temporaries(ctx, mem)
     return mem
 
 
-def logits_terms(ctx: TrainingContext, mem: StageMemory) -> None:
-    """The last stage's logits and loss (and the LM head's bf16 weight copy after k-bit preparation)."""
+def logits_terms(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str] = frozenset()) -> None:
+    """The last stage's logits and loss, the LM head's bf16 weight copy after k-bit preparation, a LoRA head."""
     tp = ctx.workload.parallel.tp
     fp32_outputs = fp32_model_outputs(ctx)
     if ctx.profile.name is Framework.HF and older_than(ctx.workload.versions, "loss_upcast"):
@@ -376,6 +377,9 @@ def logits_terms(ctx: TrainingContext, mem: StageMemory) -> None:
         compiled=ctx.compiled_loss,
         softcap=ctx.spec.final_logit_softcap is not None,
     )
+    if (head := training_lora_head(ctx, targets, loss_chunks=loss_chunks(ctx))) is not None:
+        mem.logits = with_lora_head(mem.logits, head, ctx.tokens)
+        mem.non_layer += mem.add("LoRA head input (saved)", Category.ACTIVATIONS, head.saved * ctx.tokens, head.formula)
     mem.add("logits and loss (at the loss)", Category.TEMPORARY, mem.logits.forward_end, mem.logits.formula)
     mem.logits, cast = with_head_weight_cast(ctx, mem.logits)
     mem.add("LM head bf16 weight copy (fp32 head after k-bit preparation)", Category.TEMPORARY, cast, "V x h x 2 B")

@@ -31,6 +31,7 @@ from typing import Final
 from vramlens.allocator import AllocatorSettings
 from vramlens.allocator.pattern import pattern_peaks
 from vramlens.estimate.context import TrainingContext
+from vramlens.estimate.lora_head import training_lora_head, with_head_script
 from vramlens.estimate.loss_outputs import fp32_model_outputs, model_logits_bytes
 from vramlens.estimate.loss_pattern import LossScript, loss_script
 from vramlens.estimate.quantities import StageMemory
@@ -102,8 +103,9 @@ class TrainingSlack:
         return self.vocabulary_bytes + self.layers_bytes
 
 
-def training_loss_script(ctx: TrainingContext, mem: StageMemory) -> LossScript:
-    """The loss requests of the stage (none on a stage without the head)."""
+def training_loss_script(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str] = frozenset()) -> LossScript:
+    """The loss requests of the stage (none on a stage without the head), with those of a LoRA
+    adapter on the head when ``targets`` name it."""
     if not mem.stage.last:
         return LossScript(forward=(), backward=())
     spec, tp = ctx.spec, ctx.workload.parallel.tp
@@ -112,7 +114,7 @@ def training_loss_script(ctx: TrainingContext, mem: StageMemory) -> LossScript:
     positions = ctx.profile.chunked_loss_positions
     seq = ctx.workload.seq // ctx.workload.parallel.cp
     chunks = ctx.profile.chunked_loss_chunks if positions is None else seq / min(seq, positions)
-    return loss_script(
+    script = loss_script(
         ctx.loss,
         tokens=ctx.tokens,
         vocab=spec.vocab_size // tp,
@@ -124,6 +126,8 @@ def training_loss_script(ctx: TrainingContext, mem: StageMemory) -> LossScript:
         loss_parallel=tp > 1 and ctx.profile.name is Framework.TORCHTITAN,
         softcap=spec.final_logit_softcap is not None,
     )
+    head = training_lora_head(ctx, targets, loss_chunks=chunks)
+    return script if head is None else with_head_script(script, head, vocab=spec.vocab_size // tp, tokens=ctx.tokens)
 
 
 def replayed_slack(
@@ -168,7 +172,9 @@ def training_slack(
 ) -> TrainingSlack:
     """Allocator slack of one stage's step (see the module docstring)."""
     edges = step_shape(ctx, mem, targets, layers=False)
-    vocabulary = _vocabulary_slack(edges, training_loss_script(ctx, mem), min(ctx.workload.grad_accum, 2), settings)
+    vocabulary = _vocabulary_slack(
+        edges, training_loss_script(ctx, mem, targets), min(ctx.workload.grad_accum, 2), settings
+    )
     sharded = ctx.workload.parallel.shard in (Shard.FSDP, Shard.HSDP, Shard.ZERO3)
     key = (settings.expandable_segments, sharded)
     churn = layer_churn(mem)

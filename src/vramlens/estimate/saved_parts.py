@@ -163,10 +163,14 @@ def lora_parts(
     recipe: LayerRecipe, group: str, width: int, *, input_bytes: int, shared_expert: bool = False
 ) -> list[Part]:
     """PEFT adapters: each casts its input to the adapter dtype and keeps it, plus the rank-r output.
+    Where no cast is needed (fp32 adapters on fp32 inputs) ``lora_A`` keeps the input itself, which
+    the frozen base linear does not: once for the group (e.g. the norm's output before q and v;
+    tracked fp32 PEFT runs, tests/estimate/test_training_hf.py).
     ``shared_expert``: the adapters of an MoE layer's shared expert, else the others of ``group``
     (``recipe.linears`` lists every layer kind's linears: a dense layer has no shared expert)."""
     train = recipe.train
     parts = []
+    uncast = False
     for shape in recipe.linears:
         if (
             shape.group != group
@@ -180,9 +184,13 @@ def lora_parts(
         # either way each adapter keeps its own copy unless the dtypes already agree.
         if train.adapter_input_copies and (autocast or cast != input_bytes or train.lora_dropout > 0):
             parts.append(Part(name=f"{shape.name} adapter input", bytes_per_token=cast * width, split=SEQUENCE))
+        else:
+            uncast = train.adapter_input_copies
         if train.lora_dropout > 0:
             parts.append(Part(name=f"{shape.name} adapter dropout mask", bytes_per_token=MASK * width, split=SEQUENCE))
         parts.append(Part(name=f"{shape.name} lora_A output", bytes_per_token=cast * train.lora_rank, split=SEQUENCE))
+    if uncast:
+        parts.append(Part(name=f"{group} input (kept by lora_A)", bytes_per_token=input_bytes * width, split=SEQUENCE))
     return parts
 
 

@@ -221,10 +221,16 @@ def _read_tokens(path: Path) -> Any:
     if not path.is_file():
         raise InputError(f"tokens: {str(path)!r} is not a file")
     if path.suffix == ".npy":
-        array = np.load(path, mmap_mode="r")
+        try:  # mapped, not read: a header cannot make numpy allocate what it claims
+            array = np.load(path, mmap_mode="r", allow_pickle=False)
+        except (OSError, ValueError, EOFError) as error:
+            raise InputError(f"tokens: {str(path)!r} is not a readable .npy file ({str(error)[:120]})") from None
         if array.ndim != 1 or array.dtype.kind not in "iu":
             raise InputError(f"tokens: {str(path)!r} must be a 1-D array of integers, got {array.dtype} {array.shape}")
         return array
     if path.suffix == ".bin":
-        return np.memmap(path, dtype=np.uint16, mode="r")
+        try:
+            return np.memmap(path, dtype=np.uint16, mode="r")
+        except (OSError, ValueError) as error:
+            raise InputError(f"tokens: {str(path)!r} is not a readable .bin file ({str(error)[:120]})") from None
     raise InputError(f"tokens: {str(path)!r}; accepted: .npy (1-D integers) or .bin (uint16, nanoGPT's format)")

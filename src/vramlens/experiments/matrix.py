@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vramlens._files import LIMITS, read_regular
+from vramlens._untrusted import abridge, as_text, brief, load_yaml
 from vramlens.errors import InputError
 from vramlens.experiments.techniques import AppliedTechnique, combo_label, parse_combo, workload_keys
 
@@ -49,6 +51,8 @@ OPTIMIZERS = ("adamw", "adafactor", "sgd")
 _SETTINGS = ("model", "steps", "batch", "seq", "optimizer", "device", "tokens", "seed", "workload")
 #: Fewest steps: one warm-up, one timed, one measured (the measured step is slowed by the tracker).
 MIN_STEPS = 3
+#: Largest value of each integer setting (steps of a measurement, a CPU or one-GPU batch).
+_MATRIX_MAX = {"steps": 10_000, "batch": 2**20, "seq": 2**24, "seed": 2**63 - 1}
 
 
 def is_module_reference(model: Any) -> bool:
@@ -60,15 +64,31 @@ def is_module_reference(model: Any) -> bool:
 
 
 def resolve_device(device: str) -> str:
-    """``auto`` -> ``cuda`` when torch sees a GPU, else ``cpu``; ``cpu``/``cuda``/``cuda:N`` as given."""
+    """``auto`` -> ``cuda`` when torch sees a GPU, else ``cpu``; ``cpu``/``cuda``/``cuda:N`` as
+    given, when this machine has that GPU (a one-line error otherwise)."""
     text = device.strip().lower()
     if text == "auto":
         import torch
 
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if text == "cpu" or text == "cuda" or (text.startswith("cuda:") and text[5:].isdigit()):
+    if text == "cpu":
         return text
-    raise InputError(f"device: {device!r}; accepted: auto, cpu, cuda, cuda:N")
+    index = (
+        0
+        if text == "cuda"
+        else int(text[5:])
+        if text.startswith("cuda:") and text[5:].isdigit() and len(text) < 12
+        else None
+    )
+    if index is None:
+        raise InputError(f"device: {brief(device)}; accepted: auto, cpu, cuda, cuda:N")
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if index >= count:
+        found = f"{count} CUDA GPU{'s' if count != 1 else ''} (cuda:0 to cuda:{count - 1})" if count else "no CUDA GPU"
+        raise InputError(f"device: {text!r}, but torch sees {found} on this machine; accepted here: auto, cpu")
+    return text
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,7 +118,7 @@ class RunSpec:
             if getattr(self, key) < 1:
                 raise InputError(f"{key}: {getattr(self, key)}; must be a positive integer")
         if self.optimizer not in OPTIMIZERS:
-            raise InputError(f"optimizer: {self.optimizer!r}; accepted: {', '.join(OPTIMIZERS)}")
+            raise InputError(f"optimizer: {brief(self.optimizer)}; accepted: {', '.join(OPTIMIZERS)}")
         if not self.name.strip():
             raise InputError("runs: a run's name must not be empty")
 
@@ -187,28 +207,44 @@ def matrix_from_list(
     return Matrix(runs=tuple(RunSpec(name=combo_label(c), techniques=c, model=model, **settings) for c in combos))
 
 
-def load_matrix(path: str | os.PathLike[str], overrides: Mapping[str, Any] | None = None) -> Matrix:
-    """A matrix from a YAML (or JSON) file; ``overrides`` (CLI flags) win over its settings."""
-    import yaml
+def load_matrix(
+    path: str | os.PathLike[str], overrides: Mapping[str, Any] | None = None, *, trust_model_code: bool = False
+) -> Matrix:
+    """A matrix from a YAML (or JSON) file; ``overrides`` (CLI flags) win over its settings.
 
+    A ``model: module:callable`` in the file (a factory vramlens would import and call) is
+    refused unless ``trust_model_code`` (``--trust-model-code``, a flag the user types): a
+    matrix file someone sent you never runs code by itself. A module reference in
+    ``overrides`` (the MODEL argument the user typed) needs no flag."""
     target = Path(path)
+    kind = LIMITS["matrix"]
+    raw = read_regular(target, kind, InputError)
     try:
-        data = yaml.safe_load(target.read_text())
-    except OSError as error:
-        raise InputError(f"--config: cannot read {str(target)!r} ({error.strerror})") from None
-    except yaml.YAMLError as error:
-        raise InputError(f"--config: {str(target)!r} is not valid YAML ({str(error).splitlines()[0]})") from None
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise InputError(f"--config: {str(target)!r}: not UTF-8 text; expected {kind.what}") from None
+    data = load_yaml(text, name=f"--config: {str(target)!r}")
     if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
         raise InputError(f"--config: {str(target)!r} must be a mapping with a 'runs' list")
-    unknown = sorted(set(data) - {*_SETTINGS, "runs"})
+    unknown = [key for key in data if key not in (*_SETTINGS, "runs")]
     if unknown:
-        raise InputError(f"--config: unknown key {unknown[0]!r}; accepted: {', '.join((*_SETTINGS, 'runs'))}")
+        raise InputError(f"--config: unknown key {brief(unknown[0])}; accepted: {', '.join((*_SETTINGS, 'runs'))}")
     settings = {k: v for k, v in data.items() if k != "runs"} | {
         k: v for k, v in (overrides or {}).items() if v is not None
     }
     if "model" not in settings:
         raise InputError("model: required (the MODEL argument or 'model:' in the matrix file)")
     model = settings.pop("model")
+    if not isinstance(model, (str, Mapping)) or (isinstance(model, str) and not 0 < len(model) <= 4096):
+        raise InputError(
+            f"model: {brief(model)}; a catalog name, config.json, model directory, config mapping or module:callable"
+        )
+    from_file = (overrides or {}).get("model") is None
+    if from_file and is_module_reference(model) and not trust_model_code:
+        raise InputError(
+            f"model: {brief(model)} in {str(target)!r} names a Python factory to import and call; vramlens runs code "
+            "named by a file only with --trust-model-code (give it if you wrote or checked this file)"
+        )
     runs = tuple(_run(entry, model, _settings(settings)) for entry in data["runs"])
     return Matrix(runs=runs)
 
@@ -218,9 +254,12 @@ def _run(entry: Any, model: Any, settings: dict[str, Any]) -> RunSpec:
         combo = parse_combo(entry)
         return RunSpec(name=combo_label(combo), techniques=combo, model=model, **settings)
     if not isinstance(entry, dict) or set(entry) - {"name", "techniques"}:
-        raise InputError(f"runs: {entry!r}; each run is a technique label or {{name, techniques: [...]}}")
+        raise InputError(f"runs: {brief(entry)}; each run is a technique label or {{name, techniques: [...]}}")
     combo = parse_combo(entry.get("techniques") or [])
-    return RunSpec(name=str(entry.get("name") or combo_label(combo)), techniques=combo, model=model, **settings)
+    name = entry.get("name")
+    if name is not None and not isinstance(name, (str, int, float)):
+        raise InputError(f"runs: name {brief(name)}; a run's name is text")
+    return RunSpec(name=as_text(name or combo_label(combo), 200), techniques=combo, model=model, **settings)
 
 
 def _settings(settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -230,19 +269,23 @@ def _settings(settings: Mapping[str, Any]) -> dict[str, Any]:
         if value is None:
             continue
         if key in ("steps", "batch", "seq", "seed"):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise InputError(f"{key}: {value!r}; must be an integer")
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MATRIX_MAX[key]:
+                raise InputError(f"{key}: {brief(value)}; must be an integer from 0 to {_MATRIX_MAX[key]:,}")
             out[key] = value
         elif key == "device":
-            out["device"] = resolve_device(str(value))
+            if not isinstance(value, str):
+                raise InputError(f"device: {brief(value)}; accepted: auto, cpu, cuda, cuda:N")
+            out["device"] = resolve_device(value)
         elif key == "workload":
             if not isinstance(value, Mapping):
-                raise InputError(f"workload: {value!r}; must be a mapping of workload keys")
+                raise InputError(f"workload: {brief(value)}; must be a mapping of workload keys")
             out["workload_extra"] = dict(value)
         elif key in ("optimizer", "tokens"):
-            out[key] = str(value)
+            if not isinstance(value, str):
+                raise InputError(f"{key}: {brief(value)}; must be text")
+            out[key] = abridge(value, 4096)
         else:
-            raise InputError(f"{key}: not a matrix setting; accepted: {', '.join(_SETTINGS)}")
+            raise InputError(f"{brief(key)}: not a matrix setting; accepted: {', '.join(_SETTINGS)}")
     if "device" not in out:
         out["device"] = resolve_device("auto")
     return out

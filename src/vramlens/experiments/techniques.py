@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from vramlens._untrusted import brief
 from vramlens.errors import InputError
 
 __all__ = [
@@ -128,6 +129,8 @@ class AppliedTechnique:
 
 def parse_technique(text: str) -> AppliedTechnique:
     """One technique from its label (``checkpoint``, ``memory-budget=0.6``); InputError otherwise."""
+    if not isinstance(text, str) or len(text) > 100:
+        raise InputError(f"techniques: {brief(text)} is not a technique label (e.g. bf16, memory-budget=0.6)")
     name, sep, raw = text.strip().partition("=")
     accepted = ", ".join(f"{n}=X" if t.takes_value else str(n) for n, t in TECHNIQUES.items())
     try:
@@ -149,6 +152,8 @@ def parse_combo(parts: str | Iterable[str]) -> tuple[AppliedTechnique, ...]:
     if isinstance(parts, str):
         text = parts.strip()
         parts = [] if text.lower() in ("", "control", "none") else text.split("+")
+    if not isinstance(parts, (list, tuple)):
+        raise InputError(f"techniques: {brief(parts)}; a run's techniques are a list of labels or 'a+b'")
     applied = [parse_technique(part) for part in parts]
     names = [a.name for a in applied]
     repeated = sorted({str(n) for n in names if names.count(n) > 1})

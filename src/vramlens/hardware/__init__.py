@@ -89,16 +89,27 @@ def _index() -> dict[str, GpuSpec]:
     return index
 
 
+#: GPU sizes accepted (bytes): from 256 MiB (the smallest embedded GPUs have 1 GiB) to 64 TiB
+#: (the largest GPUs hold 288 GB); a bare ``--gpu 1`` is one byte, a typo.
+GPU_SIZE_RANGE = (256 * 2**20, 64 * 2**40)
+
+
 def resolve_gpu(value: str, *, field_name: str = "gpu") -> GpuSpec:
     """A GPU from the table by name or alias, or a custom one from a size ("24GiB", "80 GB")."""
     key = value.strip().lower()
     gpu = _index().get(key)
     if gpu is not None:
         return gpu
+    if len(key) > 100:
+        raise InputError(f"{field_name}: {len(key):,} characters is not a GPU name or size")
     if key[:1].isdigit():
         size = parse_size(value, field=field_name)
-        if size <= 0:
-            raise InputError(f"{field_name}: a GPU size must be positive, got {value!r}")
+        low, high = GPU_SIZE_RANGE
+        if not low <= size <= high:
+            raise InputError(
+                f"{field_name}: a GPU size must be from 256 MiB to 64 TiB, got {value.strip()!r} ({size:,} bytes); "
+                "write the unit, e.g. 24GiB or 80GB (a bare number is bytes)"
+            )
         return GpuSpec(
             name=value.strip(), display_name=f"GPU with {value.strip()}", memory_bytes=size, capacity_basis="user size"
         )

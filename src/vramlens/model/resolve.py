@@ -14,12 +14,12 @@ Anything else is a :class:`ModelNotFoundError` that says what was tried.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from pathlib import Path
 from typing import Any, Final
 
-from vramlens._files import read_small_text
+from vramlens._files import LIMITS, read_small_text
+from vramlens._untrusted import load_json
 from vramlens.errors import ConfigError, ModelNotFoundError
 from vramlens.model.catalog import find_entry, suggest_names
 from vramlens.model.families import parse_config
@@ -30,18 +30,14 @@ from vramlens.model.spec import ModelSpec
 __all__ = ["load_config_file", "load_model", "model_from_config"]
 
 #: Refuse config files larger than this (real ones are a few KiB).
-MAX_CONFIG_BYTES: Final = 10 * 2**20
+MAX_CONFIG_BYTES: Final = LIMITS["config"].limit
 
 
 def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a JSON config file; errors name the file and the JSON problem."""
+    """Read a JSON config file (a regular file of at most 10 MiB, parsed with bounds by
+    :func:`vramlens._untrusted.load_json`); errors name the file and the JSON problem."""
     file, text = read_small_text(path, limit=MAX_CONFIG_BYTES, error=ConfigError, what="a JSON model config")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{file}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-    except RecursionError:
-        raise ConfigError(f"{file}: invalid JSON: nested too deeply") from None
+    data = load_json(text, name=str(file), error=ConfigError, what="a JSON model config")
     if not isinstance(data, dict):
         raise ConfigError(f"{file}: expected a JSON object at the top level, got {type(data).__name__}")
     return data

@@ -15,15 +15,16 @@ outside the file, sizes that do not match shapes) is a one-line
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import struct
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, BinaryIO, Final
 
+from vramlens._files import LIMITS, FileKind, open_regular, read_regular
+from vramlens._untrusted import load_json
 from vramlens.errors import CheckpointError
 
 __all__ = [
@@ -128,27 +129,29 @@ def _fail(path: Path, problem: str) -> CheckpointError:
 
 
 def _read_header_json(path: Path) -> tuple[dict[str, Any], int]:
-    """The decoded header object and the number of data bytes after it."""
+    """The decoded header object and the number of data bytes after it (a regular file only:
+    the header length is checked against the file's size before anything is read)."""
+    kind = FileKind(what="a .safetensors file", limit=1 << 62)
+    with open_regular(path, kind, CheckpointError) as handle:
+        return _header_from(handle, path)
+
+
+def _header_from(handle: BinaryIO, path: Path) -> tuple[dict[str, Any], int]:
+    """The header of an open ``.safetensors`` file (see :func:`_read_header_json`)."""
     try:
-        size = path.stat().st_size
-        with path.open("rb") as handle:
-            prefix = handle.read(8)
-            if len(prefix) < 8:
-                raise _fail(path, f"truncated safetensors file: {size} bytes, expected an 8-byte header length first")
-            (length,) = struct.unpack("<Q", prefix)
-            if length > MAX_HEADER_BYTES:
-                raise _fail(
-                    path, f"corrupt safetensors header: declared length {length} exceeds {MAX_HEADER_BYTES} bytes"
-                )
-            if 8 + length > size:
-                raise _fail(path, f"truncated safetensors header: declares {length} bytes but the file has {size - 8}")
-            raw = handle.read(length)
+        size = os.fstat(handle.fileno()).st_size
+        prefix = handle.read(8)
+        if len(prefix) < 8:
+            raise _fail(path, f"truncated safetensors file: {size} bytes, expected an 8-byte header length first")
+        (length,) = struct.unpack("<Q", prefix)
+        if length > MAX_HEADER_BYTES:
+            raise _fail(path, f"corrupt safetensors header: declared length {length} exceeds {MAX_HEADER_BYTES} bytes")
+        if 8 + length > size:
+            raise _fail(path, f"truncated safetensors header: declares {length} bytes but the file has {size - 8}")
+        raw = handle.read(length)
     except OSError as exc:
         raise _fail(path, f"cannot read: {exc.strerror or exc}") from None
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise _fail(path, f"corrupt safetensors header: not valid JSON ({str(exc).splitlines()[0][:80]})") from None
+    header = load_json(raw, name=f"{path}: corrupt safetensors header", error=CheckpointError, max_values=None)
     if not isinstance(header, dict):
         raise _fail(path, "corrupt safetensors header: expected a JSON object")
     return header, size - 8 - length
@@ -202,12 +205,8 @@ def read_safetensors_header(path: str | os.PathLike[str]) -> tuple[tuple[TensorE
 
 
 def _read_index(index: Path) -> dict[str, str]:
-    try:
-        raw = json.loads(index.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise _fail(index, f"cannot read: {exc.strerror or exc}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise _fail(index, f"invalid JSON ({str(exc).splitlines()[0][:80]})") from None
+    data = read_regular(index, LIMITS["safetensors-index"], CheckpointError)
+    raw = load_json(data, name=str(index), error=CheckpointError, what="a safetensors index", max_values=None)
     weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
     if not isinstance(weight_map, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()

@@ -52,6 +52,7 @@ from vramlens.workload.options import (
     Recompute,
     Shard,
 )
+from vramlens.workload.ranges import RANGES
 from vramlens.workload.spec import Parallelism, Workload
 
 __all__ = ["RECOMPUTE_CHAINS", "Group", "Knobs", "apply_knobs", "groups", "knob_axes", "layouts", "per_rank_samples"]
@@ -107,7 +108,17 @@ class Knobs:
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of ``n`` in increasing order, by trial division up to its square root
+    (``n`` is a GPU count or a data-parallel degree: at most 2**20, so at most 1,024 steps)."""
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return small + large[::-1]
 
 
 def _precisions(user: Workload, allow_method_change: bool) -> list[Precision]:
@@ -183,12 +194,14 @@ def per_rank_samples(user: Workload, parallel: Parallelism) -> int:
 
 
 def _micro_batches(user: Workload, parallel: Parallelism) -> list[int]:
-    """Divisors of the per-rank samples: the user's micro-batch, powers of two, largest first."""
+    """Divisors of the per-rank samples: the user's micro-batch, powers of two, largest first
+    (the powers of two that divide ``total`` are those up to its lowest set bit)."""
     total = per_rank_samples(user, parallel)
-    options = {d for d in _divisors(total) if d & (d - 1) == 0} | {total}
+    options = {1 << k for k in range((total & -total).bit_length())} | {total}
     if total % user.batch == 0:
         options.add(user.batch)
-    return sorted(options, reverse=True)
+    most_steps = RANGES["grad_accum"].high  # a split into more micro-batches is no workload
+    return sorted((d for d in options if total // d <= most_steps), reverse=True)
 
 
 def _more_saving_losses(loss: LossImpl) -> list[LossImpl]:

@@ -21,6 +21,7 @@ from vramlens.estimate import estimate_resolved
 from vramlens.hardware import GpuSpec, resolve_gpu
 from vramlens.model.resolve import load_model
 from vramlens.model.spec import ModelSpec
+from vramlens.plan.budget import PlanBudget, budget_scope, default_budget
 from vramlens.plan.candidates import groups
 from vramlens.plan.model import Candidate, Plan, workload_changes
 from vramlens.plan.search import Evaluated, Progress, TimeModel, fits_at_most_saving, fits_with_headroom, pareto, search
@@ -169,6 +170,7 @@ def plan(
     max_candidates: int | None = None,
     progress: Progress | None = None,
     time_model: TimeModel | None = None,
+    budget: PlanBudget | None = None,
 ) -> Plan:
     """Training configurations of ``workload`` that fit ``gpus`` x ``gpu`` with ``headroom`` free.
 
@@ -176,12 +178,39 @@ def plan(
     capacity kept free (device level). ``max_candidates`` caps the returned list.
     ``progress(done, total)`` is called after each structural group. ``time_model(workload,
     report) -> seconds`` ranks configurations (default: :func:`vramlens.estimate.time.step_time`).
+    ``budget`` bounds the work and can cancel it (:mod:`vramlens.plan.budget`; default
+    :func:`~vramlens.plan.budget.default_budget`): past it, a one-line :class:`PlanTooLarge`.
     Returns the Pareto front in (device peak, step time), fastest first; when nothing fits,
     ``candidates`` is empty and ``impossible`` names the smallest setup that would fit.
     """
     _check_headroom(headroom)
     if max_candidates is not None and max_candidates < 1:
         raise InputError(f"max_candidates: must be an integer >= 1, got {max_candidates}")
+    with budget_scope(budget or default_budget()):
+        return _plan(
+            workload,
+            gpu=gpu,
+            gpus=gpus,
+            headroom=headroom,
+            allow_method_change=allow_method_change,
+            max_candidates=max_candidates,
+            progress=progress,
+            time_model=time_model,
+        )
+
+
+def _plan(
+    workload: Source,
+    *,
+    gpu: str | None,
+    gpus: int | None,
+    headroom: float,
+    allow_method_change: bool,
+    max_candidates: int | None,
+    progress: Progress | None,
+    time_model: TimeModel | None,
+) -> Plan:
+    """:func:`plan` within its budget."""
     user, spec, device = prepare(workload, gpu=gpu, gpus=gpus)
     model: Callable[[Workload, MemoryReport], float] = time_model or default_time_model
     result = search(

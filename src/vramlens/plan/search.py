@@ -29,6 +29,7 @@ from vramlens.errors import InputError
 from vramlens.estimate import estimate_resolved
 from vramlens.hardware import GpuSpec
 from vramlens.model.spec import ModelSpec
+from vramlens.plan.budget import spend
 from vramlens.plan.candidates import RECOMPUTE_CHAINS, Group, Knobs, apply_knobs, groups, knob_axes
 from vramlens.plan.grid import minimal_fitting
 from vramlens.report.model import MemoryReport
@@ -95,6 +96,7 @@ def _fits(
 ) -> MemoryReport | None:
     if workload is None:
         return None
+    spend()  # the plan's budget: stops a search that is too large or cancelled
     counter.estimated += 1
     report = _estimate(spec, workload, gpu)
     return report if report is not None and fits_with_headroom(report, headroom) else None

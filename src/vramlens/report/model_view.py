@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 
 from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from vramlens.model.catalog import CatalogEntry
 from vramlens.model.generic.layout import GenericLayout
 from vramlens.model.serialize import weight_bytes
 from vramlens.model.spec import ModelSpec, PositionKind, QKNorm
+from vramlens.report.terminal import terminal_console
 from vramlens.units import format_bytes, format_count
 
 __all__ = ["describe_model", "models_table", "print_model", "print_models_table"]
@@ -22,7 +23,7 @@ _BAR_WIDTH = 24
 
 def _console() -> Console:
     """A console for stdout: the terminal's width on a terminal, 120 columns when piped."""
-    return Console(width=None if sys.stdout.isatty() else 120, highlight=False)
+    return terminal_console()
 
 
 def models_table(rows: Sequence[tuple[CatalogEntry, ModelSpec]]) -> Table:
@@ -251,6 +252,6 @@ def print_model(spec: ModelSpec, entry: CatalogEntry | None = None) -> None:
     console.print(describe_model(spec, entry))
     console.print(breakdown_table(spec))
     if spec.assumptions:
-        console.print("[bold]assumptions[/bold]")
+        console.print(Text("assumptions", style="bold"))
         for assumption in spec.assumptions:
             console.print(f"  - {assumption}", markup=False)

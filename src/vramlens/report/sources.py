@@ -22,23 +22,31 @@ categories exact at every instant (only the age of an allocation can be wrong).
 
 from __future__ import annotations
 
-import gzip
-import json
-import zlib
+import io
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from vramlens._compat import StrEnum
+from vramlens._files import LIMITS, FileKind, gunzip, inflation_limit, open_regular, read_open_file
+from vramlens._untrusted import load_json
 from vramlens.allocator import AllocatorSettings
 from vramlens.categories import TORCH_PROFILER_CATEGORIES
 from vramlens.errors import InputError
 from vramlens.trace.timeline import CATEGORY_ORDER, Timeline, TimelineBuilder
 
-__all__ = ["ACCEPTED", "PROFILER_CATEGORIES", "Source", "SourceFormat", "open_source"]
+__all__ = [
+    "ACCEPTED",
+    "MAX_RECORD_BYTES",
+    "PROFILER_CATEGORIES",
+    "Source",
+    "SourceFormat",
+    "open_source",
+    "read_source",
+]
 
 #: What ``vramlens view`` accepts, for error messages.
 ACCEPTED = (
@@ -51,7 +59,10 @@ ACCEPTED = (
 PROFILER_CATEGORIES = TORCH_PROFILER_CATEGORIES
 _CODES = tuple(CATEGORY_ORDER.index(category) for _, category in PROFILER_CATEGORIES)
 _RAW_ACTIONS = (1, 2, 3, 4)  # PREEXISTING, CREATE, INCREMENT_VERSION, DESTROY (Action.value)
-_MAX_JSON_BYTES = 4 << 30
+#: Most bytes of a memory record read (or inflated from a compressed one) by default.
+MAX_RECORD_BYTES: Final = LIMITS["record"].limit
+#: Largest magnitude of a number in a profiler export (times in ns, byte counts): int64-safe.
+_MAX_PROFILER_VALUE: Final = 1 << 62
 
 
 class SourceFormat(StrEnum):
@@ -79,29 +90,43 @@ class Source:
     """What the reader assumed (which device, how categories were obtained)."""
 
 
-def open_source(path: str | Path, *, device: int | None = None) -> Source:
+def open_source(path: str | Path, *, device: int | None = None, max_bytes: int = MAX_RECORD_BYTES) -> Source:
     """Open ``path`` as a :class:`Source`; ``device`` picks a snapshot's device (default: its
-    first). Unreadable or unknown files raise a one-line :class:`InputError` naming the file
-    and the accepted formats."""
-    target = Path(path)
-    try:
-        with open(target, "rb") as handle:
-            head = handle.read(8)
-    except OSError as error:
-        raise InputError(f"{path}: cannot read ({error.strerror or error}); {ACCEPTED}") from None
+    first). Only a regular file is read, of at most ``max_bytes`` (compressed input inflated to
+    at most that too, see :func:`read_source`). Unreadable or unknown files raise a one-line
+    :class:`InputError` naming the file and the accepted formats."""
+    kind = FileKind(what=LIMITS["record"].what, limit=max_bytes)
+    with _naming_formats(), open_regular(path, kind, InputError) as handle:
+        head = handle.read(8)
+        handle.seek(0)
+        if head.startswith(b"PK"):
+            from vramlens.trace.timeline_io import load_timeline
+
+            timeline = load_timeline(handle, max_bytes=max_bytes, name=str(path))
+            return Source(path=str(path), format=SourceFormat.TIMELINE, timeline=timeline, identities=True)
+        data = read_open_file(handle, kind, path, InputError)
+    return read_source(data, name=str(path), device=device, max_bytes=max_bytes)
+
+
+def read_source(data: bytes, *, name: str, device: int | None = None, max_bytes: int = MAX_RECORD_BYTES) -> Source:
+    """A memory record from its bytes (as :func:`open_source` reads a file; ``name`` is shown in
+    messages). A gzip file is inflated to at most :func:`vramlens._files.inflation_limit` of its
+    size and ``max_bytes``."""
+    head = data[:8]
     if head.startswith(b"PK"):
         from vramlens.trace.timeline_io import load_timeline
 
         with _naming_formats():
-            timeline = load_timeline(target)
-        return Source(path=str(path), format=SourceFormat.TIMELINE, timeline=timeline, identities=True)
+            timeline = load_timeline(io.BytesIO(data), max_bytes=max_bytes, name=name)
+        return Source(path=name, format=SourceFormat.TIMELINE, timeline=timeline, identities=True)
     if head.startswith(b"\x1f\x8b"):
-        return _from_json(str(path), _read_gzip(target), device)
-    if head.lstrip()[:1] in (b"[", b"{"):
-        return _from_json(str(path), target.read_bytes(), device)
+        limit = inflation_limit(len(data), max_bytes)
+        return _from_json(name, gunzip(data, name=name, limit=limit, error=InputError, accepted=ACCEPTED), device)
+    if head.lstrip(b" \t\r\n\xef\xbb\xbf")[:1] in (b"[", b"{"):
+        return _from_json(name, data, device)
     if head[:1] == b"\x80" or head[:2] in (b"(l", b"(d", b"]q", b"}q", b"(L"):
-        return _from_snapshot(str(path), target, device)
-    raise InputError(f"{path}: not a known memory file (starts with {head[:4]!r}); {ACCEPTED}")
+        return _from_snapshot(name, data, device)
+    raise InputError(f"{name}: not a known memory file (starts with {head[:4]!r}); {ACCEPTED}")
 
 
 @contextmanager
@@ -113,24 +138,10 @@ def _naming_formats() -> Iterator[None]:
         raise InputError(f"{error}; {ACCEPTED}") from None
 
 
-def _read_gzip(path: Path) -> bytes:
-    """The decompressed bytes of a gzip file (at most 4 GiB)."""
-    try:
-        with gzip.open(path, "rb") as handle:
-            data = handle.read(_MAX_JSON_BYTES + 1)
-    except (OSError, EOFError, zlib.error) as error:
-        raise InputError(f"{path}: corrupt gzip file ({error}); {ACCEPTED}") from None
-    if len(data) > _MAX_JSON_BYTES:
-        raise InputError(f"{path}: decompresses to more than 4 GiB; {ACCEPTED}")
-    return data
-
-
 def _from_json(path: str, data: bytes, device: int | None) -> Source:
     """A JSON document: a profiler export (a list) or a snapshot (a dict, or a bare segment list)."""
-    try:
-        document = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise InputError(f"{path}: not valid JSON ({error}); {ACCEPTED}") from None
+    with _naming_formats():
+        document = load_json(data, name=path, what="a JSON memory record", max_values=None)
     if isinstance(document, list) and document and all(_int_row(row, 4) for row in document):
         return _profiler_raw(path, document)
     if _is_coalesced(document):
@@ -156,7 +167,7 @@ def _from_snapshot(path: str, source: Any, device: int | None) -> Source:
     from vramlens.snapshot.infer import infer_categories
 
     with _naming_formats():
-        snapshot = load_snapshot({"segments": source} if isinstance(source, list) else source)
+        snapshot = load_snapshot({"segments": source} if isinstance(source, list) else source, name=path)
     devices = tuple(getattr(snapshot, "devices", ()) or ())
     chosen = device if device is not None else (devices[0] if devices else 0)
     if devices and chosen not in devices:
@@ -195,7 +206,7 @@ def _profiler_coalesced(path: str, document: list[Any]) -> Source:
     width = len(PROFILER_CATEGORIES) + 1
     if len(times) != len(sizes) or not all(_int_row(row, width) for row in sizes):
         raise InputError(f"{path}: profiler memory JSON needs equal-length times and rows of {width} ints; {ACCEPTED}")
-    if not all(isinstance(t, int) and not isinstance(t, bool) for t in times):
+    if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < _MAX_PROFILER_VALUE // 1000 for t in times):
         raise InputError(f"{path}: profiler memory JSON times must be integers (microseconds); {ACCEPTED}")
     builder = TimelineBuilder(time_unit="ns")
     previous = [0] * width
@@ -222,7 +233,12 @@ def _profiler_coalesced(path: str, document: list[Any]) -> Source:
 def _int_row(row: Any, width: int) -> bool:
     """Whether ``row`` is a list of ``width`` ints (bools excluded)."""
     return (
-        isinstance(row, list) and len(row) == width and all(isinstance(v, int) and not isinstance(v, bool) for v in row)
+        isinstance(row, list)
+        and len(row) == width
+        and all(
+            isinstance(v, int) and not isinstance(v, bool) and -_MAX_PROFILER_VALUE < v < _MAX_PROFILER_VALUE
+            for v in row
+        )
     )
 
 

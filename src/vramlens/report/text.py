@@ -10,16 +10,17 @@ table rules in plain ASCII, as happens by itself on a console that cannot show U
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 
 from rich import box
-from rich.console import Console, Group
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from vramlens._untrusted import abridge
 from vramlens.categories import Category
 from vramlens.report.model import MemoryReport, PhaseMemory
+from vramlens.report.terminal import terminal_console
 from vramlens.report.timeline_text import ASCII_TABLE_BOX, Bar, bar, timeline_renderable
 from vramlens.units import format_bytes
 
@@ -127,10 +128,10 @@ def add_phase_rows(
     for phase in phases:
         marker = " <- peak" if phase.name == report.peak_phase else ""
         table.add_row(
-            phase.name + marker,
+            abridge(phase.name, 120) + marker,  # a snapshot's annotation: any length
             format_bytes(phase.allocated_bytes),
             _bar(phase.allocated_bytes / top, 16, ascii_only=ascii_only),
-            phase.note,
+            abridge(phase.note, 200),
         )
 
 
@@ -210,7 +211,7 @@ def report_renderable(report: MemoryReport, *, explain: bool = False, ascii_only
 
 def print_report(report: MemoryReport, *, explain: bool = False, ascii_only: bool = False) -> None:
     """Print a report to stdout (the terminal's width on a terminal, 120 columns when piped)."""
-    console = Console(width=None if sys.stdout.isatty() else 120, highlight=False)
+    console = terminal_console()
     console.print(report_renderable(report, explain=explain, ascii_only=ascii_only))
 
 

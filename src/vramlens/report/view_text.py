@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import PurePath
 from typing import Any
 
 from rich import box
-from rich.console import Console, Group
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from vramlens._untrusted import abridge
 from vramlens.report.forensics import Leak, LiveAllocation
 from vramlens.report.model import MemoryReport
 from vramlens.report.oom import OomForensics
+from vramlens.report.terminal import terminal_console
 from vramlens.report.text import add_phase_rows
 from vramlens.report.timeline_text import ASCII_TABLE_BOX, Bar, bar, timeline_renderable
 from vramlens.report.view import ViewReport
@@ -32,12 +33,16 @@ def _bar(share: float, width: int = 24, *, ascii_only: bool = False) -> Bar:
     return bar(share, width, ascii_only=ascii_only)
 
 
+#: Characters of a frame, module or phase name shown in a table cell (longer ones are abridged).
+CELL_CHARS = 120
+
+
 def _frame(frame: str) -> str:
-    """``/long/path/train.py:12 in step`` -> ``train.py:12 step``."""
-    match = _FRAME.match(frame)
+    """``/long/path/train.py:12 in step`` -> ``train.py:12 step`` (abridged to :data:`CELL_CHARS`)."""
+    match = _FRAME.match(abridge(frame, 4 * CELL_CHARS))
     if match is None:
-        return frame
-    return f"{PurePath(match.group('file')).name}:{match.group('line')} {match.group('name')}"
+        return abridge(frame, CELL_CHARS)
+    return abridge(f"{PurePath(match.group('file')).name}:{match.group('line')} {match.group('name')}", CELL_CHARS)
 
 
 def _stack(frames: tuple[str, ...], lines: int) -> str:
@@ -132,7 +137,7 @@ def _modules(view: ViewReport) -> Table:
     table = _table("by module at the peak (allocating module)", "module", "allocated", "share")
     total = view.report.allocated_bytes or 1
     for name, value in view.modules:
-        table.add_row(name or "(no module)", format_bytes(value), f"{value / total:6.1%}")
+        table.add_row(abridge(name or "(no module)", CELL_CHARS), format_bytes(value), f"{value / total:6.1%}")
     return table
 
 
@@ -158,7 +163,8 @@ def _allocations(title: str, items: tuple[LiveAllocation, ...], lines: int) -> T
         column.justify = "left"
     for item in items:
         table.add_row(
-            format_bytes(item.nbytes), item.category.value, item.module or "-", item.phase or "-",
+            format_bytes(item.nbytes), item.category.value, abridge(item.module or "-", CELL_CHARS),
+            abridge(item.phase or "-", CELL_CHARS),
             _age(item.age, item.time_unit), _stack(item.stack, lines),
         )  # fmt: skip
     return table
@@ -183,7 +189,7 @@ def _leaks(view: ViewReport, lines: int) -> Any:
     table.columns[4].justify = "left"
     leak: Leak
     for leak in view.leaks:
-        where = _stack(leak.stack, lines) if leak.stack else leak.module or "-"
+        where = _stack(leak.stack, lines) if leak.stack else abridge(leak.module or "-", CELL_CHARS)
         table.add_row(
             format_bytes(leak.bytes_per_step), format_bytes(leak.nbytes), str(leak.count),
             f"{leak.oldest_steps} steps", leak.category.value, where,
@@ -298,4 +304,4 @@ def diff_renderable(diff: ViewDiff) -> Group:
 
 def print_renderable(renderable: Any) -> None:
     """Print to stdout (the terminal's width on a terminal, 120 columns when piped)."""
-    Console(width=None if sys.stdout.isatty() else 120, highlight=False).print(renderable)
+    terminal_console().print(renderable)

@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from vramlens._untrusted import as_text, brief
 from vramlens.errors import InputError
 from vramlens.rlhf.setup import ROLES, Algo, ModelRole, Placement, RlhfSetup, RolloutSetup
 from vramlens.workload.load import read_workload_file
@@ -62,7 +63,7 @@ _NONE = (None, False, "none", "null", "")
 def _unknown(where: str, keys: Mapping[str, Any], accepted: tuple[str, ...]) -> None:
     for key in keys:
         if key not in accepted:
-            raise InputError(f"{where}{key}: unknown key; accepted: {', '.join(accepted)}")
+            raise InputError(f"{where}{as_text(key, 80)}: unknown key; accepted: {', '.join(accepted)}")
 
 
 def _role_block(name: str, value: Any) -> dict[str, Any] | None:
@@ -71,7 +72,7 @@ def _role_block(name: str, value: Any) -> dict[str, Any] | None:
     if isinstance(value, str | os.PathLike):
         return {"model": str(value)}
     if not isinstance(value, Mapping):
-        raise InputError(f"{name}: {value!r} is not accepted (a model name, a mapping of model keys, or none)")
+        raise InputError(f"{name}: {brief(value)} is not accepted (a model name, a mapping of model keys, or none)")
     block = {str(k).replace("-", "_"): v for k, v in value.items()}
     _unknown(f"{name}.", block, _ROLE_KEYS)
     return block
@@ -107,11 +108,13 @@ def _placements(data: Mapping[str, Any], present: set[str]) -> dict[str, tuple[P
     chosen: dict[str, tuple[Placement, int | None]] = {}
     separate = data.get("separate") or {}
     if not isinstance(separate, Mapping):
-        raise InputError(f"separate: {separate!r} is not accepted (a mapping role: gpus, e.g. reward=2)")
+        raise InputError(f"separate: {brief(separate)} is not accepted (a mapping role: gpus, e.g. reward=2)")
     listed = [(where, role, None) for where in ("colocate", "offload") for role in _roles(where, data.get(where))]
     for where, role, gpus in [*listed, *(("separate", r, g) for r, g in separate.items())]:
         if role not in present:
-            raise InputError(f"{where}: {role!r} is not a role of this step (accepted: {', '.join(sorted(present))})")
+            raise InputError(
+                f"{where}: {brief(role)} is not a role of this step (accepted: {', '.join(sorted(present))})"
+            )
         if role in chosen:
             raise InputError(f"{where}: {role} is given two placements; accepted: one of colocate, offload, separate")
         if where == "separate":
@@ -128,14 +131,19 @@ def _roles(where: str, value: Any) -> list[str]:
         return [r.strip() for r in value.split(",") if r.strip()]
     if isinstance(value, list | tuple):
         return [str(r) for r in value]
-    raise InputError(f"{where}: {value!r} is not accepted (a list of roles, e.g. reference,reward)")
+    raise InputError(f"{where}: {brief(value)} is not accepted (a list of roles, e.g. reference,reward)")
 
 
 def _int(where: str, value: Any) -> int:
-    text = str(value).strip()
-    if isinstance(value, bool) or not (isinstance(value, int) or text.isdigit()) or int(text) <= 0:
-        raise InputError(f"{where}: {value!r} is not accepted (a positive whole number)")
-    return int(text)
+    """A positive whole number, or its digits as text (its range is checked by the setup)."""
+    number = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str) and value.strip().isascii() and value.strip().isdigit() and len(value.strip()) <= 30:
+        number = int(value.strip())
+    if number is None or number <= 0:
+        raise InputError(f"{where}: {brief(value)} is not accepted (a positive whole number)")
+    return number
 
 
 def _defaults(algo: Algo, data: dict[str, Any], notes: list[str]) -> dict[str, dict[str, Any] | None]:
@@ -200,14 +208,14 @@ def _group_tp(kwargs: dict[str, Any], explicit: bool) -> None:
 def _placement(where: str, value: Any) -> Placement:
     accepted = [p.value for p in Placement]
     if value not in accepted:
-        raise InputError(f"{where}: {value!r} is not one of {', '.join(accepted)}")
+        raise InputError(f"{where}: {brief(value)} is not one of {', '.join(accepted)}")
     return Placement(value)
 
 
 def _build_rollout(data: Mapping[str, Any], place: Any, notes: list[str]) -> RolloutSetup:
     raw = data.get("rollout") or {}
     if not isinstance(raw, Mapping):
-        raise InputError(f"rollout: {raw!r} is not accepted (a mapping of {', '.join(_ROLLOUT_KEYS)})")
+        raise InputError(f"rollout: {brief(raw)} is not accepted (a mapping of {', '.join(_ROLLOUT_KEYS)})")
     kwargs = {str(k).replace("-", "_"): v for k, v in raw.items()}
     _unknown("rollout.", kwargs, _ROLLOUT_KEYS)
     explicit_tp = "tp" in kwargs
@@ -233,7 +241,7 @@ def load_rlhf(source: str | os.PathLike[str] | Mapping[str, Any], **overrides: A
     _unknown("", data, _TOP)
     algo_name = data.get("algo")
     if algo_name not in [a.value for a in Algo]:
-        raise InputError(f"algo: {algo_name!r} is not one of {', '.join(a.value for a in Algo)}")
+        raise InputError(f"algo: {brief(algo_name)} is not one of {', '.join(a.value for a in Algo)}")
     algo = Algo(algo_name)
     if not data.get("gpu"):
         raise InputError("gpu: required; a GPU from the hardware table (h100-80gb, a100-80gb, ...) or a size")

@@ -14,8 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from vramlens._compat import StrEnum
+from vramlens._untrusted import brief
 from vramlens.errors import InputError
 from vramlens.workload.options import Engine, Method, Offload, OptimizerName, Precision, Quant, Recompute, Shard
+from vramlens.workload.ranges import NumberRange, check_range
 
 __all__ = ["ROLES", "TRAINED_ROLES", "Algo", "ModelRole", "Placement", "RlhfSetup", "RolloutSetup"]
 
@@ -51,12 +53,26 @@ TRAINED_ROLES: tuple[str, ...] = ("actor", "critic")
 def _check_enum(enum: type[StrEnum], where: str, value: str) -> None:
     accepted = [member.value for member in enum]
     if value not in accepted:
-        raise InputError(f"{where}: {value!r} is not one of {', '.join(accepted)}")
+        raise InputError(f"{where}: {brief(value)} is not one of {', '.join(accepted)}")
+
+
+#: The workload key whose range (:data:`vramlens.workload.ranges.RANGES`) bounds each numeric
+#: setting of a step (group_size and rollout_batch count sequences, as batch does).
+_RANGE_OF = {
+    "gpus": "parallel.gpus", "tp": "parallel.tp", "lora_rank": "lora.rank", "prompt": "prompt", "response": "prompt",
+    "rollout_batch": "batch", "micro_batch": "batch", "group_size": "batch", "max_num_seqs": "max_num_seqs",
+}  # fmt: skip
+#: Host-to-GPU bandwidth accepted, GB/s (PCIe 5.0 x16 moves 64 GB/s, NVLink-C2C 900 GB/s).
+PCIE_GBPS_RANGE = NumberRange(low=0, high=10_000, low_open=True)
 
 
 def _check_positive(where: str, value: int | float) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise InputError(f"{where}: {value!r} is not accepted (a positive number)")
+    """A count or rate of the step: finite, positive and within its range (module tables)."""
+    setting = where.rsplit(".", 1)[-1]
+    if setting == "pcie_gbps":
+        check_range(where, value, kind="a number of GB/s", bounds=PCIE_GBPS_RANGE)
+    else:
+        check_range(where, value, table_key=_RANGE_OF[setting])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,7 +120,7 @@ class ModelRole:
         _check_positive(f"{where}.lora_rank", self.lora_rank)
         _check_placement_gpus(where, self.placement, self.gpus)
         if self.method not in (Method.FULL, Method.LORA, Method.QLORA):
-            raise InputError(f"{where}.method: {self.method!r} is not accepted (full, lora or qlora)")
+            raise InputError(f"{where}.method: {brief(self.method)} is not accepted (full, lora or qlora)")
         if self.from_actor_base and self.role != "reference":
             raise InputError(f"{where}.from_actor_base: only the reference can be the actor's LoRA base")
 
@@ -141,10 +157,12 @@ class RolloutSetup:
         _check_enum(Placement, "rollout.placement", self.placement)
         _check_positive("rollout.tp", self.tp)
         _check_positive("rollout.max_num_seqs", self.max_num_seqs)
-        if not 0.0 < self.gpu_memory_utilization <= 1.0:
-            raise InputError(
-                f"rollout.gpu_memory_utilization: {self.gpu_memory_utilization!r} is not accepted (0 < value <= 1)"
-            )
+        check_range(
+            "rollout.gpu_memory_utilization",
+            self.gpu_memory_utilization,
+            kind="a number",
+            table_key="gpu_memory_utilization",
+        )
         _check_placement_gpus("rollout", self.placement, self.gpus)
 
     @property

@@ -263,7 +263,32 @@ def _retie(model: Any, *, cut: bool) -> None:
     """Re-tie weights after ``to_empty``. In a model cut down to a few layers (recipes), ties
     that name layers no longer there (Zamba's block shared by every hybrid layer: the same
     module object in each kept layer, materialized once) cannot be resolved; then only the
-    input embedding and the LM head are re-tied, as the config asks."""
+    input embedding and the LM head are re-tied, as the config asks. A head wrapped by PEFT
+    (``lora.targets`` naming it) is unwrapped while transformers ties by parameter name
+    (``lm_head.weight``: PEFT keeps it as ``lm_head.base_layer.weight``)."""
+    with _unwrapped_head(model):
+        _tie(model, cut=cut)
+
+
+@contextlib.contextmanager
+def _unwrapped_head(model: Any) -> Iterator[None]:
+    """Put the base layer of a PEFT-wrapped output projection in its place for the block."""
+    head = model.get_output_embeddings()
+    base = getattr(head, "base_layer", None)
+    if base is None:
+        yield
+        return
+    name = next(name for name, module in model.named_modules() if module is head)
+    parent = model.get_submodule(name.rpartition(".")[0])
+    attribute = name.rpartition(".")[2]
+    setattr(parent, attribute, base)
+    try:
+        yield
+    finally:
+        setattr(parent, attribute, head)
+
+
+def _tie(model: Any, *, cut: bool) -> None:
     try:
         model.tie_weights()
     except ValueError:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from vramlens._untrusted import as_text
 from vramlens.errors import InputError
 from vramlens.snapshot.model import ACTIONS, MAX_SIZE, OOM, UNKNOWN, Frame, OomEntry, Trace
 
@@ -24,6 +25,12 @@ __all__ = ["StackTable", "StringTable", "read_trace"]
 
 _CODES = {name: code for code, name in enumerate(ACTIONS)}
 _U64 = 1 << 64
+#: Characters kept of a frame's file or function name (real ones are under 300; a longer one is
+#: abridged, so that no table or page is flooded by one field).
+MAX_FRAME_TEXT = 4096
+#: Characters kept of a metadata string (``user_metadata``, ``category``): vramlens tags name
+#: modules, whose paths can be long.
+MAX_METADATA_TEXT = 1 << 16
 
 
 class StackTable:
@@ -63,9 +70,9 @@ class StackTable:
             line = frame.get("line", 0)
             result.append(
                 Frame(
-                    filename=str(frame.get("filename", "??")),
-                    line=line if isinstance(line, int) else 0,
-                    name=str(frame.get("name", "??")),
+                    filename=as_text(frame.get("filename", "??"), MAX_FRAME_TEXT),
+                    line=line if isinstance(line, int) and not isinstance(line, bool) and 0 <= line < 1 << 31 else 0,
+                    name=as_text(frame.get("name", "??"), MAX_FRAME_TEXT),
                 )
             )
         return tuple(result)
@@ -82,15 +89,13 @@ class StringTable:
         """Codes of ``values`` (non-strings are converted with ``str``)."""
         try:
             firsts, distinct = _first_occurrences(values, len(values))
-        except TypeError:  # an unhashable value: compare by text instead
-            return self.codes([None if value is None else str(value) for value in values])
+        except TypeError:  # an unhashable value: compare by (bounded) text instead
+            return self.codes([None if value is None else as_text(value, MAX_METADATA_TEXT) for value in values])
         table = np.full(len(values), -1, np.int32)
         for first in distinct:
             value = values[first]
             if value is not None and value != "":
-                table[first] = self.strings.setdefault(
-                    value if isinstance(value, str) else str(value), len(self.strings)
-                )
+                table[first] = self.strings.setdefault(as_text(value, MAX_METADATA_TEXT), len(self.strings))
         return table[firsts]
 
 
@@ -122,7 +127,7 @@ def read_trace(entries: Any, device: int, name: str, stacks: StackTable, strings
         action = np.fromiter(map(_CODES.get, names, [UNKNOWN] * len(names)), np.int8, len(names))
     except TypeError:
         raise InputError(f"{name}: {where}: every 'action' must be a string") from None
-    unknown = Counter(str(names[i]) for i in np.flatnonzero(action == UNKNOWN).tolist())
+    unknown = Counter(as_text(names[i], 100) for i in np.flatnonzero(action == UNKNOWN).tolist())
     times = _field(entries, "time_us", None)
     has_time = None not in times
     categories = _field(entries, "category", None)
@@ -166,7 +171,7 @@ def _as_array(values: list[Any], dtype: type[np.generic], where: str, key: str) 
     lowest = 0 if dtype is np.uint64 else -(1 << 63)
     for index, value in enumerate(values):
         if not isinstance(value, int) or not lowest <= value < _U64:
-            raise InputError(f"{where}[{index}].{key}: {str(value)[:40]!r} is not a valid integer")
+            raise InputError(f"{where}[{index}].{key}: {as_text(value, 40)!r} is not a valid integer")
         converted.append(value - _U64 if dtype is np.int64 and value >= 1 << 63 else value)  # raw uint64 stream ids
     return np.asarray(converted, dtype=dtype)
 

@@ -3,7 +3,7 @@
 A ``_dump_snapshot`` pickle holds only dicts, lists, tuples, strings, numbers, booleans and
 None (torch/csrc/cuda/memory_snapshot.cpp, ``torch.cuda.memory._dump_snapshot``). So:
 
-1. the whole file is read into memory (bounded by its size; only regular files);
+1. the whole file is read into memory (only regular files, at most 4 GiB: :mod:`vramlens._files`);
 2. :func:`check_opcodes` walks every pickle opcode before anything is built and refuses
    (one-line :class:`InputError`) any opcode that imports, calls or builds objects
    (``GLOBAL``, ``STACK_GLOBAL``, ``REDUCE``, ``BUILD``, ``INST``, ``OBJ``, ``NEWOBJ``,
@@ -18,19 +18,21 @@ None (torch/csrc/cuda/memory_snapshot.cpp, ``torch.cuda.memory._dump_snapshot``)
    line of defence, with the cyclic garbage collector paused (it would otherwise rescan the
    millions of new dicts many times over).
 
-JSON snapshots (MemoryViz accepts them too) are parsed with :func:`json.loads`.
+4. what was built is walked once (:func:`vramlens._untrusted.check_tree`): a cycle, nesting
+   over 64 levels or more values than :func:`expanded_budget` (shared references counted once
+   per place, the "billion laughs" of pickles) is refused, so no later walk can blow up.
+
+JSON snapshots (MemoryViz accepts them too) are parsed with :func:`vramlens._untrusted.load_json`.
 """
 
 from __future__ import annotations
 
 import gc
 import io
-import json
 import os
 import pickle
 import pickletools
 import re
-import stat
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -38,9 +40,11 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from vramlens._files import LIMITS, read_regular
+from vramlens._untrusted import check_tree, load_json
 from vramlens.errors import InputError
 
-__all__ = ["check_opcodes", "decode", "paused_gc", "read_source"]
+__all__ = ["check_opcodes", "decode", "expanded_budget", "paused_gc", "read_source"]
 
 #: Opcodes a snapshot pickle may use (pickletools names): containers, strings, numbers, memo.
 _ALLOWED = frozenset(
@@ -102,6 +106,11 @@ _ALLOWED = frozenset(
 )
 #: Allowed opcodes that need a check the fast path cannot make (end, protocol, memo index, frame).
 _CHECKED = frozenset({"STOP", "PROTO", "FRAME", "LONG_BINPUT", "PUT"})
+#: Opcodes that build something whose items get hashed (tuples, frozensets, set items): allowed
+#: only with numbers and strings as items (:func:`_flat_units`). Hashing a tuple walks it, and a
+#: tuple of shared tuples nested 40 deep, 200 bytes of pickle, would take 2**40 steps to hash
+#: (as a dict key, while the unpickler builds the dict). Real snapshots' tuples are pool ids.
+_HASHED = frozenset({"TUPLE", "TUPLE1", "TUPLE2", "TUPLE3", "FROZENSET", "ADDITEMS"})
 #: Length-prefixed strings up to this many bytes are matched by the fast path.
 _SHORT = 63
 _WIDTH = {
@@ -112,6 +121,10 @@ _WIDTH = {
 }
 _LINE = -1
 _COUNTED = -2
+#: Expanded values a snapshot may stand for: at least this many, else this many per byte
+#: (:func:`expanded_budget`).
+_MIN_EXPANDED = 1 << 24
+_EXPANSION = 256
 
 
 @cache
@@ -150,7 +163,7 @@ def _fast_path(memo_bits: int) -> re.Pattern[bytes]:
     fixed: dict[int, bytearray] = {}
     counted = bytearray()
     for code, (name, size, width, _) in _opcodes().items():
-        if name not in _ALLOWED or name in _CHECKED:
+        if name not in _ALLOWED or name in _CHECKED or name in _HASHED:
             continue
         if size == _COUNTED and width == 1:
             counted.append(code)
@@ -162,12 +175,26 @@ def _fast_path(memo_bits: int) -> re.Pattern[bytes]:
         return b"[" + re.escape(bytes(codes)) + b"]" + (b".{%d}" % size if size else b"")
 
     lengths = b"|".join(re.escape(bytes([n])) + b".{%d}" % n for n in range(_SHORT + 1))
-    parts = [b"h.", b"j.{4}", run(fixed[1], 1), run(fixed[0], 0), run(fixed[4], 4)]
+    parts = [*_flat_units(), b"h.", b"j.{4}", run(fixed[1], 1), run(fixed[0], 0), run(fixed[4], 4)]
     parts += [run(counted, 0) + b"(?:" + lengths + b")", run(fixed[2], 2), run(fixed[8], 8)]
     parts.append(b"r" + _below_power_of_two(memo_bits))
     body = b"(?:" + b"|".join(parts) + b")"
     # Possessive (3.11+) keeps no backtracking state; 3.10 gets bounded runs instead.
     return re.compile(body + (b"*+" if sys.version_info >= (3, 11) else b"{0,4096}"), re.DOTALL)
+
+
+def _flat_units() -> list[bytes]:
+    """Regexes of a tuple, frozenset or set update whose items are all scalars (numbers,
+    strings, bytes, None, booleans), each optionally memoised: the only way the fast path
+    passes those opcodes (anywhere else they are refused)."""
+    one = b"|".join(re.escape(bytes([n])) + b".{%d}" % n for n in range(_SHORT + 1))
+    four = b"|".join(re.escape(n.to_bytes(4, "little")) + b".{%d}" % n for n in range(_SHORT + 1))
+    scalar = b"(?:[N\x88\x89]|K.|M..|J.{4}|G.{8}|[\x8a\x8cCU](?:" + one + b")|[XB](?:" + four + b")|[ILFSV][^\n]*\n)"
+    item = b"(?:" + scalar + b"(?:\x94|q.|p[0-9]{1,6}\n)?)"
+    many = b"*+" if sys.version_info >= (3, 11) else b"*"
+    units = [item + b"{%d}" % n + re.escape(bytes([0x84 + n])) for n in (3, 2, 1)]  # TUPLE3, TUPLE2, TUPLE1
+    units.append(rb"\(" + item + many + b"[t\x91\x90]")  # MARK items TUPLE / FROZENSET / ADDITEMS
+    return units
 
 
 def check_opcodes(data: bytes, name: str) -> None:
@@ -189,6 +216,11 @@ def check_opcodes(data: bytes, name: str) -> None:
             )
         if op_name == "STOP":
             return
+        if op_name in _HASHED:
+            raise InputError(
+                f"{name}: refused: opcode {op_name} at byte {pos} builds a tuple or set of containers or shared values; "
+                "a memory snapshot's tuples and sets hold only numbers and strings"
+            )
         if size == _COUNTED:
             pos = _skip_counted(data, pos, op_name, width, signed, name)
         elif size == _LINE:
@@ -281,49 +313,46 @@ def _first_line(error: BaseException) -> str:
     return (text[0][:200] if text else "") or type(error).__name__
 
 
+def expanded_budget(size: int) -> int:
+    """Values (expanded: a shared list counted once per place it appears) a snapshot of ``size``
+    bytes may stand for. Real snapshots share each stack between the entries recorded at it,
+    which expands them 5 to 30 times; a "billion laughs" pickle of 3 KB expands 10**9 times."""
+    return max(_MIN_EXPANDED, _EXPANSION * size)
+
+
 def decode(data: bytes, name: str) -> Any:
-    """The object in a pickle or JSON snapshot's bytes (JSON when it starts with ``{`` or ``[``)."""
+    """The object in a pickle or JSON snapshot's bytes (JSON when it starts with ``{`` or ``[``),
+    checked by :func:`vramlens._untrusted.check_tree`: no cycle, at most 64 levels, and at most
+    :func:`expanded_budget` values."""
     head = data[:64].lstrip(b" \t\r\n\xef\xbb\xbf")[:1]
     if head in (b"{", b"["):
-        try:
-            with paused_gc():
-                return json.loads(data)
-        except (ValueError, RecursionError) as error:
-            raise InputError(f"{name}: not a valid JSON snapshot ({_first_line(error)})") from None
+        with paused_gc():
+            return load_json(data, name=name, what="a JSON memory snapshot", max_values=None)
     if not data:
         raise InputError(f"{name}: empty file; expected a PyTorch memory snapshot (pickle or JSON)")
     check_opcodes(data, name)
     try:
         with paused_gc():
             # A buffered reader has peek(), so the C unpickler prefetches unframed (protocol 2) data.
-            return _DataOnlyUnpickler(io.BufferedReader(io.BytesIO(data), buffer_size=1 << 20)).load()
+            obj = _DataOnlyUnpickler(io.BufferedReader(io.BytesIO(data), buffer_size=1 << 20)).load()
     except Exception as error:  # any failure of untrusted data is the file's fault
         raise InputError(f"{name}: corrupt snapshot pickle ({_first_line(error)})") from None
+    check_tree(obj, name=name, max_values=expanded_budget(len(data)))
+    return obj
 
 
-def read_source(source: Any) -> tuple[Any, str]:
-    """``(object, name for messages)`` of a path, bytes, an already-loaded dict or a bare list."""
+def read_source(source: Any, name: str | None = None) -> tuple[Any, str]:
+    """``(object, name for messages)`` of a path, bytes, an already-loaded dict or a bare list
+    (``name`` replaces the default name of bytes, dicts and lists)."""
     if isinstance(source, Mapping):
-        return source, "<snapshot dict>"
+        return source, name or "<snapshot dict>"
     if isinstance(source, list):
-        return source, "<snapshot list>"
+        return source, name or "<snapshot list>"
     if isinstance(source, (bytes, bytearray, memoryview)):
-        return decode(bytes(source), "<bytes>"), "<bytes>"
+        return decode(bytes(source), name or "<bytes>"), name or "<bytes>"
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
-        return decode(_read_file(path), str(path)), str(path)
+        return decode(read_regular(path, LIMITS["record"], InputError), str(path)), str(path)
     raise InputError(
         f"source: {type(source).__name__} is not a snapshot; accepted: a path, bytes, a dict or a list of segments"
     )
-
-
-def _read_file(path: Path) -> bytes:
-    """All bytes of a regular file (at most its size at open time)."""
-    try:
-        with open(path, "rb") as handle:
-            info = os.fstat(handle.fileno())
-            if not stat.S_ISREG(info.st_mode):
-                raise InputError(f"{path}: not a regular file; expected a PyTorch memory snapshot")
-            return handle.read(info.st_size)
-    except OSError as error:
-        raise InputError(f"{path}: cannot read: {error.strerror or error}") from None

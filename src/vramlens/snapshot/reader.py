@@ -16,12 +16,14 @@ malformed field gives a one-line :class:`InputError` naming the file and the fie
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from typing import Any
 
+from vramlens._untrusted import as_text, brief
 from vramlens.errors import InputError
-from vramlens.snapshot._columns import StackTable, StringTable, read_trace
+from vramlens.snapshot._columns import MAX_FRAME_TEXT, StackTable, StringTable, read_trace
 from vramlens.snapshot._unpickle import paused_gc, read_source
 from vramlens.snapshot.model import MAX_SIZE, Annotation, Block, Segment, Snapshot, Trace
 
@@ -39,16 +41,19 @@ _STATES = {
 }
 
 
-def load_snapshot(source: str | os.PathLike[str] | bytes | Mapping[str, Any] | list[Any]) -> Snapshot:
+def load_snapshot(
+    source: str | os.PathLike[str] | bytes | Mapping[str, Any] | list[Any], *, name: str | None = None
+) -> Snapshot:
     """Read a PyTorch memory snapshot safely.
 
     ``source`` is a path to a ``torch.cuda.memory._dump_snapshot`` pickle (any layout from 1.13
     on) or to its JSON form, the bytes of either, an already-loaded snapshot dict, or the
-    bare list of segments of 1.13. A pickle that would import or call anything, or whose
-    lengths do not fit the file, is refused with a one-line :class:`InputError`.
+    bare list of segments of 1.13 (``name`` names bytes, dicts and lists in messages). A pickle
+    that would import or call anything, or whose lengths do not fit the file, is refused with a
+    one-line :class:`InputError`.
     """
-    obj, name = read_source(source)
-    return snapshot_from_object(obj, name)
+    obj, shown = read_source(source, name)
+    return snapshot_from_object(obj, shown)
 
 
 def snapshot_from_object(obj: Any, name: str = "<snapshot>") -> Snapshot:
@@ -93,7 +98,7 @@ def _layout(raw: Mapping[str, Any], traces: Mapping[int, Trace]) -> str:
 def _integer(value: Any, name: str, where: str, limit: int = 1 << 64) -> int:
     """``value`` when it is an integer in [0, ``limit``); otherwise a one-line error naming the field."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < limit:
-        raise InputError(f"{name}: {where} must be an integer in [0, {limit:#x}), not {str(value)[:40]!r}")
+        raise InputError(f"{name}: {where} must be an integer in [0, {limit:#x}), not {as_text(value, 40)!r}")
     return value
 
 
@@ -115,15 +120,14 @@ def _read_segments(raw: Any, name: str, stacks: StackTable) -> tuple[Segment, ..
         blocks = segment.get("blocks", [])
         if not isinstance(blocks, list):
             raise InputError(f"{name}: {where}.blocks must be a list")
-        pool = segment.get("segment_pool_id", (0, 0))
         result.append(
             Segment(
                 device=_integer(segment.get("device", 0), name, f"{where}.device"),
                 address=address,
                 total_size=_size(segment.get("total_size"), name, f"{where}.total_size"),
                 stream=_integer(segment.get("stream", 0), name, f"{where}.stream"),
-                segment_type=str(segment.get("segment_type", "large")),
-                pool_id=(pool[0], pool[1]) if isinstance(pool, (list, tuple)) and len(pool) == 2 else (0, 0),
+                segment_type=as_text(segment.get("segment_type", "large"), 100),
+                pool_id=_pool(segment.get("segment_pool_id", (0, 0))),
                 is_expandable=bool(segment.get("is_expandable", False)),
                 stack=stacks.code(segment.get("frames"), where),
                 blocks=_read_blocks(blocks, address, name, where, stacks),
@@ -145,7 +149,7 @@ def _read_blocks(raw: list[Any], address: int, name: str, where: str, stacks: St
         state = _STATES.get(raw_state) if isinstance(raw_state, str) else None
         if state is None:
             raise InputError(
-                f"{name}: {here}.state: {str(block.get('state'))[:40]!r}; accepted: {', '.join(sorted(_STATES))}"
+                f"{name}: {here}.state: {as_text(raw_state, 40)!r}; accepted: {', '.join(sorted(_STATES))}"
             )
         history = block.get("history")
         current = history[0] if isinstance(history, list) and history and isinstance(history[0], dict) else {}
@@ -189,8 +193,8 @@ def _read_annotations(raw: Any, name: str) -> tuple[Annotation, ...]:
         device, time = item.get("device"), item.get("time_us")
         result.append(
             Annotation(
-                name=str(item.get("name", "")),
-                stage=str(item.get("stage", "")).upper(),
+                name=as_text(item.get("name", ""), MAX_FRAME_TEXT),
+                stage=as_text(item.get("stage", ""), 100).upper(),
                 device=device if isinstance(device, int) else None,
                 time_us=time if isinstance(time, int) else None,
             )
@@ -204,4 +208,23 @@ def _settings(raw: Any, name: str) -> dict[str, Any]:
         return {}
     if not isinstance(raw, Mapping):
         raise InputError(f"{name}: allocator_settings must be a dict, not {type(raw).__name__}")
-    return dict(raw)
+    return {as_text(key, 100): _scalar(value) for key, value in raw.items()}
+
+
+def _scalar(value: Any) -> Any:
+    """A setting's value: a number, string, bool or None as it is (strings abridged), anything
+    else as bounded text (settings reach JSON reports: a shared list must not expand there)."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return value if -(1 << 63) <= value < 1 << 64 else brief(value)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    return as_text(value, MAX_FRAME_TEXT)
+
+
+def _pool(raw: Any) -> tuple[int, int]:
+    """``segment_pool_id``: a pair of integers ((0, 0) when absent or not a pair of integers)."""
+    if isinstance(raw, (list, tuple)) and len(raw) == 2 and all(type(part) is int for part in raw):
+        return raw[0], raw[1]
+    return 0, 0

@@ -16,22 +16,28 @@ vramlens adds categories; names it does not know load as ``other``.
 
 from __future__ import annotations
 
+import io
 import json
+import math
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Final
 
 import numpy as np
 
+from vramlens._files import LIMITS, inflation_limit, open_regular
+from vramlens._untrusted import abridge, load_json
 from vramlens.categories import Category
 from vramlens.errors import InputError
 from vramlens.trace.timeline import CATEGORY_ORDER, Timeline
 
-__all__ = ["FORMAT", "VERSION", "load_timeline", "save_timeline"]
+__all__ = ["FORMAT", "MAX_TIMELINE_BYTES", "VERSION", "load_timeline", "save_timeline"]
 
 FORMAT = "vramlens.timeline"
 VERSION = 1
+#: Most bytes a timeline archive may inflate to (a 10**8-event timeline takes 3.7 GB).
+MAX_TIMELINE_BYTES: Final = 4 << 30
 _DTYPES = {
     "time": np.int64,
     "nbytes": np.int64,
@@ -66,20 +72,61 @@ def save_timeline(timeline: Timeline, path: str | Path, *, compress: bool = Fals
     return target if target.suffix == ".npz" else target.with_name(target.name + ".npz")
 
 
-def load_timeline(path: str | Path) -> Timeline:
-    """Read a file written by :func:`save_timeline`; a malformed file raises a one-line :class:`InputError`."""
+def load_timeline(
+    source: str | Path | bytes | BinaryIO, *, max_bytes: int = MAX_TIMELINE_BYTES, name: str | None = None
+) -> Timeline:
+    """Read a file written by :func:`save_timeline` (a path, its bytes or an open binary file);
+    a malformed file raises a one-line :class:`InputError`.
+
+    The archive is read entry by entry with bounds: only the entries of the format, each
+    declared and actually inflated size within :func:`vramlens._files.inflation_limit` of the
+    archive's size (and ``max_bytes``), each column's ``.npy`` header checked (1-D, the format's
+    dtype, as many bytes as its shape needs) before its bytes become an array. Nothing is
+    allocated from what a header merely claims. ``name`` names the file in messages."""
+    if name is None:
+        name = str(source) if isinstance(source, (str, Path)) else "<timeline>"
     try:
-        with open(Path(path), "rb") as handle:
-            archive = np.load(handle, allow_pickle=False)
-            if not isinstance(archive, np.lib.npyio.NpzFile):
-                raise InputError(f"{path}: a single numpy array, not a vramlens timeline (.npz archive)")
-            with archive:
-                header = _header(archive, path)
-                columns = {name: _column(archive, name, header["events"], path) for name in _DTYPES}
+        if isinstance(source, (str, Path)):
+            try:
+                handle = open_regular(source, LIMITS["record"], InputError)
+            except InputError as error:
+                raise InputError(
+                    f"{name}: not a readable vramlens timeline (.npz): {str(error).removeprefix(f'{name}: ')}"
+                ) from None
+            with handle:
+                return _load_archive(handle, name, max_bytes)
+        return _load_archive(io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else source, name, max_bytes)
     except InputError:
         raise
-    except (OSError, zipfile.BadZipFile, EOFError, zlib.error, ValueError) as error:
-        raise InputError(f"{path}: not a readable vramlens timeline (.npz): {error}") from None
+    except (
+        OSError,
+        zipfile.BadZipFile,
+        zipfile.LargeZipFile,
+        EOFError,
+        zlib.error,
+        ValueError,
+        NotImplementedError,
+    ) as error:
+        raise InputError(f"{name}: not a readable vramlens timeline (.npz): {abridge(str(error), 120)}") from None
+
+
+def _load_archive(handle: BinaryIO, path: str, max_bytes: int) -> Timeline:
+    """The timeline in an open ``.npz`` archive (see :func:`load_timeline`)."""
+    size = handle.seek(0, io.SEEK_END)
+    handle.seek(0)
+    budget = inflation_limit(size, max_bytes)
+    with zipfile.ZipFile(handle) as archive:
+        entries = {info.filename: info for info in archive.infolist()}
+        declared = sum(info.file_size for info in entries.values())
+        if declared > budget:
+            raise InputError(
+                f"{path}: its entries inflate to {declared:,} bytes, more than the {budget:,} accepted for an "
+                f"archive of {size:,} bytes (a decompression bomb?)"
+            )
+        header = _header(_entry(archive, entries, "header", path), path)
+        columns = {
+            name: _column(_entry(archive, entries, name, path), name, header["events"], path) for name in _DTYPES
+        }
     columns["category"] = _remap_categories(columns["category"], header["categories"], path)
     return Timeline(
         **columns,
@@ -93,13 +140,42 @@ def load_timeline(path: str | Path) -> Timeline:
     )
 
 
-def _header(archive: Any, path: str | Path) -> dict[str, Any]:
-    if "header" not in archive.files:
-        raise InputError(f"{path}: no 'header' entry; not a vramlens timeline")
+def _entry(archive: zipfile.ZipFile, entries: dict[str, zipfile.ZipInfo], name: str, path: str) -> np.ndarray:
+    """The 1-D array stored as ``name.npy``, read within its declared size (a ``.npy`` header
+    whose shape and dtype do not match the bytes stored is refused)."""
+    info = entries.get(f"{name}.npy")
+    if info is None:
+        what = "no 'header' entry; not a vramlens timeline" if name == "header" else f"column {name!r} is missing"
+        raise InputError(f"{path}: {what}")
+    with archive.open(info) as member:
+        data = member.read(info.file_size + 1)
+    if len(data) != info.file_size:
+        raise InputError(
+            f"{path}: entry {info.filename!r} holds {len(data):,} bytes, not the {info.file_size:,} declared"
+        )
+    stream = io.BytesIO(data)
+    version = np.lib.format.read_magic(stream)
+    if version == (1, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(stream)
+    else:
+        shape, fortran, dtype = np.lib.format.read_array_header_2_0(stream)
+    if dtype.hasobject:
+        raise InputError(f"{path}: entry {info.filename!r} holds Python objects, not numbers")
+    body = memoryview(data)[stream.tell() :]
+    if math.prod(shape) * dtype.itemsize != len(body):
+        raise InputError(
+            f"{path}: entry {info.filename!r} declares shape {shape} of {dtype.itemsize}-byte items but holds {len(body):,} bytes"
+        )
+    return np.frombuffer(body, dtype=dtype).reshape(shape, order="F" if fortran else "C").copy()
+
+
+def _header(raw: np.ndarray, path: str | Path) -> dict[str, Any]:
+    if raw.dtype != np.uint8:
+        raise InputError(f"{path}: header must be uint8 (UTF-8 JSON)")
     try:
-        header = json.loads(archive["header"].tobytes().decode())
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise InputError(f"{path}: header is not JSON ({error})") from None
+        header = load_json(raw.tobytes(), name="header", max_values=None)
+    except InputError as error:
+        raise InputError(f"{path}: header is not JSON ({str(error).removeprefix('header: ')})") from None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise InputError(f"{path}: header.format must be {FORMAT!r}")
     if header.get("version") != VERSION:
@@ -124,10 +200,7 @@ def _header(archive: Any, path: str | Path) -> dict[str, Any]:
     return header
 
 
-def _column(archive: Any, name: str, events: int, path: str | Path) -> np.ndarray:
-    if name not in archive.files:
-        raise InputError(f"{path}: column {name!r} is missing")
-    column = archive[name]
+def _column(column: np.ndarray, name: str, events: int, path: str | Path) -> np.ndarray:
     if column.dtype != _DTYPES[name] or column.ndim != 1 or len(column) != events:
         raise InputError(f"{path}: column {name!r} must be {np.dtype(_DTYPES[name]).name}[{events}]")
     return np.asarray(column)

@@ -18,34 +18,32 @@ Bodies are read by hand and validated by the workload loader, so a bad value ans
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import json
 import re
-import tempfile
-from collections import OrderedDict
 from functools import cache
-from pathlib import Path
 from typing import Any, Final
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.routing import Route
 
+from vramlens._untrusted import load_json
 from vramlens.errors import InputError
+from vramlens.model.generic.store import CodeNotRead
+from vramlens.plan.budget import PlanCancelled
 from vramlens.report.model import MemoryReport
 from vramlens.units import format_bytes, format_count
-from vramlens.web.present import present_plan, present_report, present_view
+from vramlens.web.cache import ResponseCache, cache_key
+from vramlens.web.present import present_report, present_view
 from vramlens.web.schema import PLAN_SCHEMA, WORKLOAD_SCHEMA, openapi_body
-from vramlens.web.uploads import UploadStore, parse_upload
+from vramlens.web.uploads import UploadStore, parse_upload, release_memory
+from vramlens.workload.spec import Workload
 
 __all__ = [
-    "CACHED_ESTIMATES",
     "CONCURRENT_PLANS",
     "MAX_PLAN_GPUS",
     "RAW_PATHS",
     "RAW_ROUTES",
-    "ResponseCache",
     "router",
 ]
 
@@ -57,8 +55,8 @@ _PLAN_KEYS = ("workload", "headroom", "allow_method_change", "top")
 MAX_PLAN_GPUS: Final = 1024
 #: Plans computed at once (each in a worker thread, ~0.01 to 5 s).
 CONCURRENT_PLANS: Final = 2
-#: Answers of ``/api/estimate`` kept (about 8 KiB each).
-CACHED_ESTIMATES: Final = 512
+#: Bytes a compressed upload may inflate to (its parsed form takes several times that).
+MAX_INFLATED_UPLOAD_BYTES: Final = 64 * 2**20
 _RAW_BODY = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
 
 
@@ -68,16 +66,10 @@ def _store(request: Request) -> UploadStore:
 
 
 async def _json_object(request: Request) -> dict[str, Any]:
-    """The request body as a JSON object (one-line errors as for a workload file)."""
+    """The request body as a JSON object (one-line errors as for a workload file; nesting,
+    size, over-long numbers and NaN bounded by :func:`vramlens._untrusted.load_json`)."""
     raw = await request.body()
-    try:
-        data = json.loads(raw.decode("utf-8-sig"))
-    except UnicodeDecodeError:
-        raise InputError("request body: not UTF-8 text; expected a JSON object of workload keys") from None
-    except json.JSONDecodeError as exc:
-        raise InputError(f"request body: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-    except RecursionError:
-        raise InputError("request body: invalid JSON: nested too deeply") from None
+    data = load_json(raw, name="request body", what="a JSON object of workload keys")
     if not isinstance(data, dict):
         raise InputError(
             f"request body: expected a mapping of workload keys at the top level, got {type(data).__name__}"
@@ -95,7 +87,7 @@ def _with_model(workload: dict[str, Any]) -> dict[str, Any]:
     return workload
 
 
-def _report(workload: dict[str, Any], store: UploadStore) -> MemoryReport:
+def _report(workload: dict[str, Any] | Workload, store: UploadStore) -> MemoryReport:
     """The estimate of a workload dict, as :func:`vramlens.estimate.estimate` makes it (keys
     validated first, then the model and GPU resolved), with ``model`` resolved by the upload
     store: a catalog name or an ``upload:`` token, never a path."""
@@ -103,7 +95,7 @@ def _report(workload: dict[str, Any], store: UploadStore) -> MemoryReport:
     from vramlens.hardware import resolve_gpu
     from vramlens.workload.load import load_workload
 
-    loaded = load_workload(_with_model(workload))
+    loaded = workload if isinstance(workload, Workload) else load_workload(_with_model(workload))
     spec = store.resolve(loaded.model)
     return estimate_resolved(spec, loaded, resolve_gpu(loaded.gpu) if loaded.gpu is not None else None)
 
@@ -151,27 +143,6 @@ def gpus() -> list[dict[str, Any]]:
     ]
 
 
-class ResponseCache:
-    """The last :data:`CACHED_ESTIMATES` answers of ``/api/estimate`` by exact request body: the
-    page asks again for inputs it has shown (a slider moved back). Only successful answers are
-    kept; an ``upload:`` token names its upload's content, so a cached answer stays right."""
-
-    def __init__(self, capacity: int = CACHED_ESTIMATES) -> None:
-        self._answers: OrderedDict[bytes, bytes] = OrderedDict()
-        self._capacity = capacity
-
-    def get(self, key: bytes) -> bytes | None:
-        answer = self._answers.get(key)
-        if answer is not None:
-            self._answers.move_to_end(key)
-        return answer
-
-    def put(self, key: bytes, answer: bytes) -> None:
-        self._answers[key] = answer
-        while len(self._answers) > self._capacity:
-            self._answers.popitem(last=False)
-
-
 _REPORT_PARAMETER = {
     "name": "report",
     "in": "query",
@@ -204,12 +175,21 @@ def _flag(request: Request, name: str) -> bool:
 async def estimate_endpoint(request: Request) -> Response:
     """``POST /api/estimate``: a plain Starlette route (no dependency solving: it is the route
     the page calls on every change, ~0.1 ms saved of ~0.5); documented by :data:`RAW_PATHS`."""
+    from vramlens.workload.load import load_workload
+
     report = _flag(request, "report")
     cache: ResponseCache = request.app.state.estimates
-    key = (b"r" if report else b"v") + await request.body()
+    workload = load_workload(_with_model(await _json_object(request)))
+    key = cache_key(report, workload)
     answer = cache.get(key)
     if answer is None:  # ~0.3-0.5 ms of work: computed on the event loop, no thread hop
-        result = _report(await _json_object(request), _store(request))
+        try:
+            result = _report(workload, _store(request))
+        except CodeNotRead:  # a model read from its code, at a setting not traced yet
+            stopped = await _read_code(request, _estimate_job(request, workload))
+            if stopped is not None:
+                return stopped
+            result = _report(workload, _store(request))
         content = {"report": result.to_dict()} if report else {}
         answer = bytes(JSONResponse({**content, "view": present_report(result)}).body)
         cache.put(key, answer)
@@ -219,12 +199,26 @@ async def estimate_endpoint(request: Request) -> Response:
 RAW_ROUTES: Final = (Route("/api/estimate", estimate_endpoint, methods=["POST"]),)
 
 
-@router.post("/report.html", summary="The HTML report of a workload", openapi_extra=openapi_body(WORKLOAD_SCHEMA))
+@router.post(
+    "/report.html",
+    summary="The HTML report of a workload",
+    response_class=HTMLResponse,
+    openapi_extra=openapi_body(
+        WORKLOAD_SCHEMA, answer="the HTML report `vramlens estimate --html` writes", media_type="text/html"
+    ),
+)
 async def report_html(request: Request) -> Response:
     from vramlens.report.html import render_html
+    from vramlens.workload.load import load_workload
 
-    workload = await _json_object(request)
-    report = _report(workload, _store(request))
+    workload = load_workload(_with_model(await _json_object(request)))
+    try:
+        report = _report(workload, _store(request))
+    except CodeNotRead:
+        stopped = await _read_code(request, _estimate_job(request, workload))
+        if stopped is not None:
+            return stopped
+        report = _report(workload, _store(request))
     page = await run_in_threadpool(render_html, report)
     name = _NAME_RE.sub("-", report.model).strip("-") or "model"
     return Response(
@@ -253,10 +247,11 @@ def _plan_arguments(body: dict[str, Any]) -> tuple[dict[str, Any], float, bool, 
 
 @router.post("/plan", summary="Configurations that fit, fastest first", openapi_extra=openapi_body(PLAN_SCHEMA))
 async def plan_route(request: Request) -> Response:
-    """The planner in a worker thread, at most :data:`CONCURRENT_PLANS` at once; a request
-    whose client went away while it waited (the page asked again) is not planned."""
-    from vramlens.plan import plan
-    from vramlens.workload.load import load_workload
+    """The planner in a process of its own (:mod:`vramlens.web.planning`), at most
+    :data:`CONCURRENT_PLANS` at once; a request whose client went away while it waited (the
+    page asked again) is not planned, and one whose client goes away while it runs is stopped."""
+    from vramlens.web.planning import PlanRunner
+    from vramlens.workload.load import load_workload, workload_to_dict
 
     workload, headroom, method, top = _plan_arguments(await _json_object(request))
     loaded = load_workload(_with_model(workload))
@@ -265,16 +260,29 @@ async def plan_route(request: Request) -> Response:
             f"parallel.gpus: the web planner plans up to {MAX_PLAN_GPUS} GPUs (vramlens plan has no limit), "
             f"got {loaded.parallel.gpus}"
         )
-    loaded = dataclasses.replace(loaded, model=_store(request).resolve(loaded.model))
-
-    def run() -> Any:
-        return plan(loaded, headroom=headroom, allow_method_change=method, max_candidates=top)
-
+    recipe = _store(request).recipe(loaded.model)  # the plan's process builds the model from it
+    runner: PlanRunner = request.app.state.planner
     async with _plans(request):
         if await request.is_disconnected():
             return Response(status_code=204)
-        result = await run_in_threadpool(run)
-    return JSONResponse({"plan": result.to_dict(), "view": present_plan(result, top=top)})
+        try:
+            answer = await runner.run(
+                (recipe, workload_to_dict(loaded), headroom, method, top), request.is_disconnected
+            )
+        except PlanCancelled:
+            return _stopped(request)
+    return JSONResponse(answer)
+
+
+def _stopped(request: Request) -> Response:
+    """The answer to a plan that was cancelled: 503 while the server stops, else none (the
+    client went away)."""
+    if request.app.state.stop.is_set():
+        from vramlens.web.app import error_response
+
+        response: Response = error_response(503, "server: stopping; the plan was cancelled")
+        return response
+    return Response(status_code=204)
 
 
 def _plans(request: Request) -> asyncio.Semaphore:
@@ -298,22 +306,49 @@ def _upload_name(name: str | None, default: str) -> str:
     openapi_extra={"requestBody": {"required": True, "content": _RAW_BODY}},
 )
 async def config_route(request: Request, name: str | None = Query(None, max_length=200)) -> Response:
-    data = await request.body()
-    return JSONResponse(parse_upload(data, _upload_name(name, "config.json"), _store(request)))
+    data, shown = await request.body(), _upload_name(name, "config.json")
+    try:
+        return JSONResponse(parse_upload(data, shown, _store(request)))
+    except CodeNotRead:  # a model_type without a native family, not read yet
+        stopped = await _read_code(request, ("config", data, shown))
+        if stopped is not None:
+            return stopped
+        return JSONResponse(parse_upload(data, shown, _store(request)))
+
+
+def _estimate_job(request: Request, workload: Workload) -> tuple[Any, ...]:
+    from vramlens.workload.load import workload_to_dict
+
+    return ("estimate", _store(request).recipe(workload.model), workload_to_dict(workload))
+
+
+async def _read_code(request: Request, job: tuple[Any, ...]) -> Response | None:
+    """Have a process of its own read or trace a model's code into the recipe cache (the server
+    never imports torch: :func:`vramlens.model.generic.store.code_reading`), in a planner slot;
+    the answer to give instead when it was cancelled, else None (the cache now holds it)."""
+    from vramlens.web.planning import WEB_CODE_SECONDS, PlanRunner, read_code
+
+    runner: PlanRunner = request.app.state.planner
+    what = "reading the model's code" if job[0] == "config" else "tracing the model's layers"
+    async with _plans(request):
+        try:
+            await runner.run(job, request.is_disconnected, target=read_code, seconds=WEB_CODE_SECONDS, what=what)
+        except PlanCancelled:
+            return _stopped(request)
+        except RuntimeError as error:  # the process died (out of memory) or transformers' code broke
+            raise InputError(f"{what}: its process failed ({error})") from None
+    return None
 
 
 def _view(data: bytes, name: str, fmt: str) -> Any:
-    """``vramlens view`` of an uploaded record, read from a private temporary file."""
-    from vramlens.report.sources import open_source
+    """``vramlens view`` of an uploaded record, read from its bytes in memory (nothing is written
+    to disk, so nothing is left behind when a request is killed); a compressed upload inflates
+    to at most :data:`MAX_INFLATED_UPLOAD_BYTES`."""
+    from vramlens.report.sources import read_source
     from vramlens.report.view import build_view
 
-    with tempfile.TemporaryDirectory(prefix="vramlens-web-") as folder:
-        path = Path(folder) / name
-        path.write_bytes(data)
-        try:
-            view = build_view(open_source(path))
-        except InputError as error:
-            raise InputError(str(error).replace(str(path), name)) from None
+    try:
+        view = build_view(read_source(data, name=name, max_bytes=MAX_INFLATED_UPLOAD_BYTES))
         details = view.to_dict()
         details["source"]["path"] = name
         if fmt == "html":
@@ -321,12 +356,25 @@ def _view(data: bytes, name: str, fmt: str) -> Any:
 
             return render_html(view.report, details=details)
         return {"view": details, **present_view(view.report, details)}
+    finally:
+        release_memory()
 
 
 @router.post(
     "/snapshot",
     summary="View a memory snapshot, profiler export or vramlens timeline",
-    openapi_extra={"requestBody": {"required": True, "content": _RAW_BODY}},
+    openapi_extra={
+        "requestBody": {"required": True, "content": _RAW_BODY},
+        "responses": {
+            "200": {
+                "description": "`vramlens view` of the record: JSON, or with format=html its HTML report",
+                "content": {
+                    "application/json": {"schema": {"type": "object"}},
+                    "text/html": {"schema": {"type": "string"}},
+                },
+            }
+        },
+    },
 )
 async def snapshot_route(
     request: Request,

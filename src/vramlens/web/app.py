@@ -7,13 +7,16 @@
 
 Errors are JSON ``{"error": "<one line>"}``: a :class:`~vramlens.errors.VramlensError` is 400
 (an upload of the wrong kind 415) with the message the CLI prints after ``error:``; request
-bodies over 10 MiB are 413 (:mod:`vramlens.web.limits`); unknown routes 404, wrong methods 405.
-``hosts`` are the accepted ``Host`` headers (DNS-rebinding guard) and hosts of ``Origin`` headers
-(a page of another site gets 403); ``None`` accepts any.
+bodies over 10 MiB are 413 and bodies slower than 30 s 408 (:mod:`vramlens.web.limits`);
+unknown routes 404, wrong methods 405 (with ``Allow``). ``hosts`` are the accepted ``Host``
+headers (DNS-rebinding guard; ``None`` accepts any); an ``Origin`` must be the server's own
+whatever ``hosts`` is (another page gets 403). The OpenAPI document lists exactly these answers.
+``app.state.stop`` is set when the server stops (:func:`stop`); running plans are killed then.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from importlib import resources
@@ -21,7 +24,7 @@ from typing import Any, Final
 
 from vramlens._extras import require
 
-__all__ = ["LOCAL_HOSTS", "create_app", "warm_up"]
+__all__ = ["LOCAL_HOSTS", "create_app", "error_response", "stop", "warm_up"]
 
 #: Host headers a server bound to loopback answers.
 LOCAL_HOSTS: Final = ("127.0.0.1", "localhost", "[::1]")
@@ -72,10 +75,15 @@ def _add_pages(app: Any) -> None:
     app.add_api_route("/static/{name}", asset, methods=["GET"], include_in_schema=False)
 
 
-def _error(status: int, message: str) -> Any:
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> Any:
     from fastapi.responses import JSONResponse
 
-    return JSONResponse({"error": message}, status_code=status, headers=_headers(False))
+    return JSONResponse({"error": message}, status_code=status, headers={**_headers(False), **(headers or {})})
+
+
+def error_response(status: int, message: str) -> Any:
+    """``{"error": message}`` with ``status`` and the API's headers."""
+    return _error(status, message)
 
 
 def _validation_message(exc: Any) -> str:
@@ -105,7 +113,7 @@ def _add_errors(app: Any) -> None:
 
     async def http_error(_request: Any, exc: Exception) -> Any:
         assert isinstance(exc, HTTPException)
-        return _error(exc.status_code, str(exc.detail))
+        return _error(exc.status_code, str(exc.detail), dict(exc.headers or {}))  # 405 keeps its Allow
 
     app.add_exception_handler(Exception, internal_error)
     app.add_exception_handler(VramlensError, vramlens_error)
@@ -114,13 +122,24 @@ def _add_errors(app: Any) -> None:
 
 
 def _document(app: Any, paths: dict[str, Any]) -> None:
-    """Add the path items of plain Starlette routes to the OpenAPI document FastAPI builds."""
+    """Add the path items of plain Starlette routes to the OpenAPI document FastAPI builds, and
+    make every operation list the answers the server really gives (:func:`error_answers`):
+    FastAPI's 422 never occurs (validation errors are 400 here)."""
+    from vramlens.web.schema import error_answers
+
     build = app.openapi
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             schema = build()  # cached by FastAPI in app.openapi_schema
             schema["paths"] = {**paths, **schema["paths"]}
+            for path, item in schema["paths"].items():
+                for method, operation in item.items():
+                    answers = operation.setdefault("responses", {})
+                    answers.pop("422", None)
+                    answers.update({**error_answers(path, method), **answers})
+            schema.get("components", {}).get("schemas", {}).pop("HTTPValidationError", None)
+            schema.get("components", {}).get("schemas", {}).pop("ValidationError", None)
         document: dict[str, Any] = app.openapi_schema
         return document
 
@@ -136,17 +155,32 @@ def warm_up() -> None:
 
 
 @asynccontextmanager
-async def _lifespan(_app: Any) -> AsyncIterator[None]:
+async def _lifespan(app: Any) -> AsyncIterator[None]:
+    from vramlens.model.generic.store import code_reading
+
     warm_up()
-    yield
+    app.state.planner.start()
+    try:
+        with code_reading(False):  # models' code is read and traced in processes of their own
+            yield
+    finally:
+        stop(app)
+
+
+def stop(app: Any) -> None:
+    """Set the app's stop switch and kill its running plans (the server is stopping)."""
+    app.state.stop.set()
+    app.state.planner.stop_all()
 
 
 def create_app(*, hosts: Sequence[str] | None = LOCAL_HOSTS) -> Any:
     """The ASGI application (a ``fastapi.FastAPI``); needs the ``[web]`` extra."""
     fastapi = require("fastapi", purpose="vramlens serve")
     from vramlens._version import __version__
-    from vramlens.web.api import RAW_PATHS, RAW_ROUTES, ResponseCache, router
+    from vramlens.web.api import RAW_PATHS, RAW_ROUTES, router
+    from vramlens.web.cache import ResponseCache
     from vramlens.web.limits import BodyLimit, HostCheck
+    from vramlens.web.planning import PlanRunner
     from vramlens.web.uploads import UploadStore
 
     app = fastapi.FastAPI(
@@ -159,12 +193,13 @@ def create_app(*, hosts: Sequence[str] | None = LOCAL_HOSTS) -> Any:
     )
     app.state.uploads = UploadStore()
     app.state.estimates = ResponseCache()
+    app.state.stop = threading.Event()
+    app.state.planner = PlanRunner()
     app.include_router(router)
     app.router.routes.extend(RAW_ROUTES)
     _document(app, RAW_PATHS)
     _add_pages(app)
     _add_errors(app)
     app.add_middleware(BodyLimit)
-    if hosts is not None:
-        app.add_middleware(HostCheck, hosts=tuple(hosts))
+    app.add_middleware(HostCheck, hosts=None if hosts is None else tuple(hosts))
     return app

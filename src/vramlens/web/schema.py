@@ -14,6 +14,7 @@ from enum import Enum
 from typing import Any, Final
 
 from vramlens.estimate.versions import CURRENT, PACKAGES
+from vramlens.workload._strings import MAX_ALLOC_CONF_CHARS, MAX_VERSION_CHARS
 from vramlens.workload.load import LORA_KEYS, PARALLEL_KEYS, TOP_KEYS
 from vramlens.workload.options import (
     AttentionImpl,
@@ -33,20 +34,38 @@ from vramlens.workload.options import (
     Recompute,
     Shard,
 )
+from vramlens.workload.ranges import RANGES
 
-__all__ = ["ERROR_SCHEMA", "PLAN_SCHEMA", "WORKLOAD_SCHEMA", "openapi_body", "workload_schema"]
+__all__ = ["ERROR_SCHEMA", "PLAN_SCHEMA", "WORKLOAD_SCHEMA", "error_answers", "openapi_body", "workload_schema"]
 
-_TOKENS: Final = {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "string", "examples": ["8k"]}]}
 _FLAG: Final = {"type": "boolean"}
-_NUMBER: Final = {"type": "number"}
 
 
 def _enum(cls: type[Enum]) -> dict[str, Any]:
     return {"type": "string", "enum": [str(member.value) for member in cls]}
 
 
-def _int(minimum: int) -> dict[str, Any]:
-    return {"type": "integer", "minimum": minimum}
+def _bounds(key: str, kind: str) -> dict[str, Any]:
+    """The JSON-schema bounds of a numeric key, from :data:`vramlens.workload.ranges.RANGES`."""
+    bounds = RANGES[key]
+    low, high = (int(bounds.low), int(bounds.high)) if kind == "integer" else (bounds.low, bounds.high)
+    schema: dict[str, Any] = {"type": kind}
+    schema["exclusiveMinimum" if bounds.low_open else "minimum"] = low
+    schema["exclusiveMaximum" if bounds.high_open else "maximum"] = high
+    return schema
+
+
+def _int(key: str) -> dict[str, Any]:
+    return _bounds(key, "integer")
+
+
+def _number(key: str) -> dict[str, Any]:
+    return _bounds(key, "number")
+
+
+def _tokens(key: str) -> dict[str, Any]:
+    """A token count: an integer in range, or a string such as '8k' (= 8192)."""
+    return {"anyOf": [_int(key), {"type": "string", "examples": ["8k"]}]}
 
 
 def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
@@ -65,51 +84,58 @@ _TOP: Final[dict[str, dict[str, Any]]] = {
     "optimizer": _enum(OptimizerName),
     "optimizer_impl": _enum(OptimizerImpl),
     "optimizer_in_backward": _FLAG,
-    "batch": _int(1),
-    "seq": _TOKENS,
-    "grad_accum": _int(1),
+    "batch": _int("batch"),
+    "seq": _tokens("seq"),
+    "grad_accum": _int("grad_accum"),
     "packing": _FLAG,
     "recompute": _enum(Recompute),
-    "recompute_every": _int(1),
+    "recompute_every": _int("recompute_every"),
     "attention": _enum(AttentionImpl),
     "loss": _enum(LossImpl),
     "compile": _FLAG,
-    "moe_capacity_factor": _nullable(_NUMBER),
+    "moe_capacity_factor": _nullable(_number("moe_capacity_factor")),
     "fsdp_wrap": _enum(FsdpWrap),
-    "prompt": _TOKENS,
-    "generate": {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "string"}]},
-    "context": _nullable(_TOKENS),
+    "prompt": _tokens("prompt"),
+    "generate": _tokens("generate"),
+    "context": _nullable(_tokens("context")),
     "kv_dtype": _enum(KvDtype),
     "engine": _enum(Engine),
-    "gpu_memory_utilization": _NUMBER,
-    "max_num_seqs": _int(1),
-    "block_size": _int(1),
-    "max_num_batched_tokens": _nullable(_TOKENS),
+    "gpu_memory_utilization": _number("gpu_memory_utilization"),
+    "max_num_seqs": _int("max_num_seqs"),
+    "block_size": _int("block_size"),
+    "max_num_batched_tokens": _nullable(_tokens("max_num_batched_tokens")),
     "allow_long_context": _FLAG,
-    "alloc_conf": {"type": "string", "description": "PYTORCH_CUDA_ALLOC_CONF, e.g. 'expandable_segments:True'"},
+    "alloc_conf": {
+        "type": "string",
+        "maxLength": MAX_ALLOC_CONF_CHARS,
+        "description": "PYTORCH_CUDA_ALLOC_CONF, e.g. 'expandable_segments:True'",
+    },
     "versions": {
         "type": "object",
-        "properties": {package: {"type": "string", "examples": [CURRENT[package]]} for package in PACKAGES},
+        "properties": {
+            package: {"type": "string", "maxLength": MAX_VERSION_CHARS, "examples": [CURRENT[package]]}
+            for package in PACKAGES
+        },
         "additionalProperties": False,
         "description": "library versions of the run, e.g. {'transformers': '4.35', 'vllm': '0.6'}",
     },
 }
 _LORA: Final[dict[str, dict[str, Any]]] = {
-    "rank": _int(1),
-    "alpha": _NUMBER,
-    "dropout": _NUMBER,
+    "rank": _int("lora.rank"),
+    "alpha": _number("lora.alpha"),
+    "dropout": _number("lora.dropout"),
     "targets": {"anyOf": [{"type": "string", "enum": ["all-linear"]}, {"type": "array", "items": {"type": "string"}}]},
     "modules_to_save": {"type": "array", "items": {"type": "string"}},
 }
 _PARALLEL: Final[dict[str, dict[str, Any]]] = {
-    "gpus": _int(1),
+    "gpus": _int("parallel.gpus"),
     "shard": _enum(Shard),
-    "shard_degree": _nullable(_int(1)),
-    "tp": _int(1),
-    "pp": _int(1),
+    "shard_degree": _nullable(_int("parallel.shard_degree")),
+    "tp": _int("parallel.tp"),
+    "pp": _int("parallel.pp"),
     "pp_schedule": _enum(PipelineSchedule),
-    "cp": _int(1),
-    "ep": _int(1),
+    "cp": _int("parallel.cp"),
+    "ep": _int("parallel.ep"),
     "offload": _enum(Offload),
 }
 
@@ -154,13 +180,44 @@ ERROR_SCHEMA: Final = {
 }
 
 
-def openapi_body(schema: dict[str, Any], *, answer: str | None = None) -> dict[str, Any]:
-    """``openapi_extra`` of a route whose JSON body is read by hand: its schema and the error
-    answers (and, for a route FastAPI does not document itself, its ``answer``)."""
-    error = {"description": "bad input: the one-line message the CLI prints", "content": {"application/json": {"schema": ERROR_SCHEMA}}}  # fmt: skip
-    responses: dict[str, Any] = {"400": error, "413": {**error, "description": "request body over 10 MiB"}}
+def _error(description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": ERROR_SCHEMA}}}
+
+
+#: Routes that take an upload (a raw body of a given kind).
+_UPLOADS: Final = ("/api/config", "/api/snapshot")
+
+
+def error_answers(path: str, method: str) -> dict[str, Any]:
+    """Every error answer an operation can give (the server's middleware included), as OpenAPI
+    responses: 400 bad input (or a Host not served), 403 a page of another origin, 500 a bug;
+    for a body also 408 (slower than 30 s) and 413 (over 10 MiB); for an upload 415 (not a
+    kind it reads); for a plan 503 (the server is stopping) and 204 (the client went away)."""
+    answers = {
+        "400": _error("bad input (the one-line message the CLI prints), or a Host header this server does not answer"),
+        "403": _error("the request came from a page of another origin (Origin header)"),
+        "500": _error("internal error: a bug in vramlens"),
+    }
+    if method.lower() == "post":
+        answers["408"] = _error("the request body did not arrive within 30 s")
+        answers["413"] = _error("request body over 10 MiB")
+    if path in _UPLOADS:
+        answers["415"] = _error("the upload is not a kind this route reads")
+    if path == "/api/plan":
+        answers["503"] = _error("the server is stopping: the plan was cancelled")
+        answers["204"] = {"description": "the client went away before the plan ran: no answer"}
+    return answers
+
+
+def openapi_body(
+    schema: dict[str, Any], *, answer: str | None = None, media_type: str = "application/json"
+) -> dict[str, Any]:
+    """``openapi_extra`` of a route whose JSON body is read by hand: its schema and, when given,
+    its ``answer`` (200) of ``media_type`` (errors: :func:`error_answers`, added to every route)."""
+    responses: dict[str, Any] = {}
     if answer is not None:
-        responses["200"] = {"description": answer, "content": {"application/json": {"schema": {"type": "object"}}}}
+        body = {"type": "string"} if media_type.startswith("text/") else {"type": "object"}
+        responses["200"] = {"description": answer, "content": {media_type: {"schema": body}}}
     return {
         "requestBody": {"required": True, "content": {"application/json": {"schema": schema}}},
         "responses": responses,

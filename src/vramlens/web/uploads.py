@@ -15,13 +15,21 @@ after a restart the page uploads again.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import hashlib
-import json
+import os
+import shutil
 import struct
+import tempfile
 import threading
+import time
 from collections import OrderedDict
+from functools import cache
+from pathlib import Path
 from typing import Any, Final
 
+from vramlens._untrusted import MAX_DOCUMENT_VALUES, load_json
 from vramlens.errors import CheckpointError, ConfigError, InputError
 from vramlens.model.catalog import find_entry, suggest_names
 from vramlens.model.resolve import model_from_config
@@ -31,11 +39,76 @@ from vramlens.model.spec import ModelSpec
 from vramlens.units import format_bytes, format_count
 from vramlens.web.limits import UploadKind, sniff_upload
 
-__all__ = ["MAX_UPLOADED_MODELS", "UPLOAD_PREFIX", "UploadStore", "parse_upload"]
+__all__ = [
+    "MAX_UPLOADED_MODELS",
+    "ModelRecipe",
+    "STALE_UPLOAD_PREFIX",
+    "UPLOAD_PREFIX",
+    "UploadStore",
+    "build_model",
+    "parse_upload",
+    "release_memory",
+    "sweep_stale_uploads",
+]
 
 #: Uploaded models kept at once (least recently used dropped first).
 MAX_UPLOADED_MODELS: Final = 32
 UPLOAD_PREFIX: Final = "upload:"
+#: Folders earlier versions wrote snapshot uploads to (now read in memory): swept at start-up.
+STALE_UPLOAD_PREFIX: Final = "vramlens-web-"
+
+
+def sweep_stale_uploads(folder: str | None = None, *, older_than_s: float = 60.0) -> int:
+    """Remove this user's ``vramlens-web-*`` folders in the temporary directory that are older
+    than ``older_than_s`` (left by a server that was killed while it read an upload); returns
+    how many were removed. Uploads are read in memory now, so only old versions leave them."""
+    base = Path(folder or tempfile.gettempdir())
+    removed = 0
+    now = time.time()
+    for entry in base.glob(f"{STALE_UPLOAD_PREFIX}*"):
+        try:
+            info = entry.lstat()
+            mine = not hasattr(os, "getuid") or info.st_uid == os.getuid()
+            if entry.is_dir() and not entry.is_symlink() and mine and now - info.st_mtime > older_than_s:
+                shutil.rmtree(entry)
+                removed += 1
+        except OSError:
+            continue
+    return removed
+
+
+@cache
+def _libc() -> Any:
+    name = ctypes.util.find_library("c")
+    try:
+        library = ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+    return library if library is not None and hasattr(library, "malloc_trim") else None
+
+
+def release_memory() -> None:
+    """Give memory freed by a large request back to the system (glibc keeps freed arenas of
+    worker threads otherwise, and the server's resident size would only grow); no-op elsewhere."""
+    library = _libc()
+    if library is not None:
+        library.malloc_trim(0)
+
+
+#: How to build a model in another process: ``("catalog", name, _)`` or ``("config", document,
+#: name, source)`` (plain data: it is pickled to the plan's process).
+ModelRecipe = tuple[Any, ...]
+
+
+def build_model(recipe: ModelRecipe) -> ModelSpec:
+    """The model a :meth:`UploadStore.recipe` describes."""
+    if recipe[0] == "catalog":
+        entry = find_entry(recipe[1])
+        if entry is None:
+            raise InputError(f"model: {recipe[1]!r} is not a catalog name")
+        return entry.spec()
+    _, document, name, source = recipe
+    return model_from_config(document, name=name, source=source)
 
 
 class UploadStore:
@@ -43,17 +116,34 @@ class UploadStore:
 
     def __init__(self, capacity: int = MAX_UPLOADED_MODELS) -> None:
         self._specs: OrderedDict[str, ModelSpec] = OrderedDict()
+        self._recipes: dict[str, ModelRecipe] = {}
         self._capacity = capacity
         self._lock = threading.Lock()
 
-    def add(self, spec: ModelSpec, data: bytes) -> str:
+    def add(self, spec: ModelSpec, data: bytes, recipe: ModelRecipe | None = None) -> str:
+        """Keep ``spec`` (uploaded as ``data``) under its token; ``recipe`` rebuilds it in
+        another process (a plan's, :func:`build_model`)."""
         token = UPLOAD_PREFIX + hashlib.sha256(data).hexdigest()[:12]
         with self._lock:
             self._specs[token] = spec
             self._specs.move_to_end(token)
+            if recipe is not None:
+                self._recipes[token] = recipe
             while len(self._specs) > self._capacity:
-                self._specs.popitem(last=False)
+                dropped, _ = self._specs.popitem(last=False)
+                self._recipes.pop(dropped, None)
         return token
+
+    def recipe(self, reference: Any) -> ModelRecipe:
+        """How :func:`build_model` rebuilds the model of a workload's ``model`` value in another
+        process (refused as :meth:`resolve` refuses)."""
+        spec = self.resolve(reference)
+        text = str(reference).strip()
+        with self._lock:
+            found = self._recipes.get(text)
+        if found is not None:
+            return found
+        return ("catalog", text, spec.name)
 
     def resolve(self, reference: Any) -> Any:
         """The model of a workload's ``model`` value: an uploaded spec for ``upload:...``, a
@@ -84,15 +174,8 @@ class UploadStore:
         return entry.spec()
 
 
-def _json(data: bytes, name: str) -> Any:
-    try:
-        return json.loads(data.decode("utf-8-sig"))
-    except UnicodeDecodeError:
-        raise ConfigError(f"{name}: not UTF-8 text; expected a JSON model config") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{name}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-    except RecursionError:
-        raise ConfigError(f"{name}: invalid JSON: nested too deeply") from None
+def _json(data: bytes, name: str, *, max_values: int | None = MAX_DOCUMENT_VALUES) -> Any:
+    return load_json(data, name=name, error=ConfigError, what="a JSON model config", max_values=max_values)
 
 
 def _index(document: dict[str, Any], name: str) -> dict[str, Any]:
@@ -123,7 +206,7 @@ def _index(document: dict[str, Any], name: str) -> dict[str, Any]:
 def _header(data: bytes, name: str) -> dict[str, Any]:
     """The first bytes of a ``.safetensors`` file: its tensors' dtypes, shapes and bytes."""
     (length,) = struct.unpack("<Q", data[:8])
-    header = _json(data[8 : 8 + length], name)
+    header = _json(data[8 : 8 + length], name, max_values=None)
     if not isinstance(header, dict):
         raise CheckpointError(f"{name}: corrupt safetensors header: expected a JSON object")
     tensors, metadata = header_entries(header, name, None)  # only the header is uploaded
@@ -149,8 +232,9 @@ def parse_upload(data: bytes, name: str, store: UploadStore) -> dict[str, Any]:
     if "weight_map" in document:
         return _index(document, name)
     stem = name.rsplit("/", 1)[-1].removesuffix(".json")
-    spec = model_from_config(document, name=stem if stem and stem != "config" else None, source=name)
-    token = store.add(spec, data)
+    shown = stem if stem and stem != "config" else None
+    spec = model_from_config(document, name=shown, source=name)
+    token = store.add(spec, data, ("config", document, shown, name))
     summary = spec_summary(spec)
     note = (
         f"{name}: {spec.name} ({spec.model_type}), {format_count(spec.num_parameters)} parameters, "

@@ -11,15 +11,17 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
-import json
 import math
 import os
 from collections.abc import Callable, Mapping
 from enum import Enum
+from pathlib import Path
 from typing import Any, Final
 
-from vramlens._files import read_small_text
+from vramlens._files import LIMITS, read_regular
+from vramlens._untrusted import abridge, brief, load_json, load_yaml
 from vramlens.errors import InputError
+from vramlens.workload._strings import alloc_conf, text, versions
 from vramlens.workload.options import (
     AttentionImpl,
     Engine,
@@ -38,12 +40,13 @@ from vramlens.workload.options import (
     Recompute,
     Shard,
 )
+from vramlens.workload.ranges import RANGES, check_range
 from vramlens.workload.spec import ALL_LINEAR, LoraConfig, Parallelism, Workload
 
 __all__ = ["load_workload", "read_workload_file", "workload_to_dict"]
 
 Converter = Callable[[str, Any], Any]
-MAX_WORKLOAD_FILE_BYTES: Final = 1 << 20
+MAX_WORKLOAD_FILE_BYTES: Final = LIMITS["workload"].limit
 
 
 def _enum(cls: type[Enum]) -> Converter:
@@ -52,52 +55,65 @@ def _enum(cls: type[Enum]) -> Converter:
     def convert(key: str, value: Any) -> Any:
         if isinstance(value, cls):
             return value
-        text = str(value).strip().lower() if isinstance(value, (str, int)) and not isinstance(value, bool) else None
+        text = None
+        if isinstance(value, str) and len(value) <= 100:
+            text = value.strip().lower()
+        elif isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2**64:
+            text = str(value)
         for member in cls:
             if member.value == text:
                 return member
-        raise InputError(f"{key}: unknown value {value!r}; expected one of {accepted}")
+        raise InputError(f"{key}: unknown value {brief(value)}; expected one of {accepted}")
 
     return convert
 
 
-def _integer(minimum: int, *, tokens: bool = False) -> Converter:
+#: Digits accepted in an integer written as text (2**64 has 20; more is never a count).
+_MAX_DIGITS: Final = 30
+
+
+def _integer(table_key: str, *, tokens: bool = False) -> Converter:
+    """An integer key (``8k`` = 8192 for token counts), within the range of ``table_key`` in
+    :data:`RANGES` (the converter is also called with other names, e.g. a sweep's ``--seq``)."""
+
     def convert(key: str, value: Any) -> int:
         if isinstance(value, str):
             text = value.strip().lower().replace("_", "")
             scale = 1
             if tokens and text.endswith("k"):
                 text, scale = text[:-1], 1024
-            if text.isascii() and text.isdigit():
+            if text.isascii() and text.isdigit() and len(text) <= _MAX_DIGITS:
                 value = int(text) * scale
         if isinstance(value, bool) or not isinstance(value, int):
             example = " (or e.g. '8k' = 8192)" if tokens else ""
-            raise InputError(f"{key}: must be an integer >= {minimum}{example}, got {value!r}")
-        if value < minimum:
-            raise InputError(f"{key}: must be an integer >= {minimum}, got {value}")
+            raise InputError(f"{key}: must be an integer >= {int(RANGES[table_key].low)}{example}, got {brief(value)}")
+        check_range(key, value, table_key=table_key)
         return value
 
     return convert
 
 
-def _number(key: str, value: Any) -> float:
-    if isinstance(value, str):
+def _real(table_key: str) -> Converter:
+    """A real-valued key: finite, within the range of ``table_key`` in :data:`RANGES`."""
+    return lambda key, value: _number(key, value, table_key)
+
+
+def _number(key: str, value: Any, table_key: str | None = None) -> float:
+    """A finite number (within the range of ``table_key`` in :data:`RANGES` when given)."""
+    if isinstance(value, str) and len(value) <= 100:
         with contextlib.suppress(ValueError):
             value = float(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InputError(f"{key}: must be a number, got {value!r}")
+        raise InputError(f"{key}: must be a number, got {brief(value)}")
     try:
         number = float(value)
     except OverflowError:
         number = math.inf
     if not math.isfinite(number):
-        raise InputError(f"{key}: must be a finite number, got {_short(value)}")
+        raise InputError(f"{key}: must be a finite number, got {brief(value)}")
+    if table_key is not None:
+        check_range(key, number, kind="a number", table_key=table_key)
     return number
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else f"{text[:20]}...{text[-10:]}"
 
 
 def _flag(key: str, value: Any) -> bool:
@@ -105,13 +121,7 @@ def _flag(key: str, value: Any) -> bool:
         return value
     if isinstance(value, str) and value.strip().lower() in ("true", "false", "yes", "no", "1", "0"):
         return value.strip().lower() in ("true", "yes", "1")
-    raise InputError(f"{key}: must be true or false, got {value!r}")
-
-
-def _text(key: str, value: Any) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise InputError(f"{key}: must be a non-empty string, got {value!r}")
-    return value.strip()
+    raise InputError(f"{key}: must be true or false, got {brief(value)}")
 
 
 def _optional(convert: Converter) -> Converter:
@@ -122,7 +132,7 @@ def _names(key: str, value: Any) -> tuple[str, ...]:
     if isinstance(value, str):
         value = [part for part in value.split(",") if part.strip()]
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v.strip() for v in value):
-        raise InputError(f"{key}: must be a list of module names, got {value!r}")
+        raise InputError(f"{key}: must be a list of module names, got {brief(value)}")
     return tuple(v.strip() for v in value)
 
 
@@ -139,84 +149,33 @@ def _gpu(key: str, value: Any) -> str:
     """A GPU name or size, checked against the hardware table now (kept as written)."""
     from vramlens.hardware import resolve_gpu
 
-    text = _text(key, value)
-    resolve_gpu(text, field_name=key)
-    return text
-
-
-def _alloc_conf(key: str, value: Any) -> str:
-    """A ``PYTORCH_CUDA_ALLOC_CONF`` string, parsed now as PyTorch parses it (kept as written)."""
-    if value is None:
-        return ""
-    if not isinstance(value, str):
-        raise InputError(
-            f"{key}: must be a PYTORCH_CUDA_ALLOC_CONF string such as 'expandable_segments:True', got {value!r}"
-        )
-    from vramlens.allocator import AllocatorSettings
-
-    text = value.strip()
-    try:
-        AllocatorSettings.from_conf(text)
-    except ValueError as error:
-        raise InputError(f"{key}: {str(error).removeprefix('allocator config: ')}") from None
-    return text
-
-
-def _versions(key: str, value: Any) -> tuple[tuple[str, str], ...]:
-    """Library versions: a mapping (or ``"transformers=4.35,vllm=0.6"``) of known packages to
-    quoted release numbers; sorted pairs."""
-    from vramlens.estimate.versions import PACKAGES, parse_version
-
-    if value is None:
-        return ()
-    if isinstance(value, tuple) and all(isinstance(pair, tuple) and len(pair) == 2 for pair in value):
-        value = dict(value)
-    if isinstance(value, str):
-        pairs = [part.split("=", 1) for part in value.split(",") if part.strip()]
-        if any(len(pair) != 2 for pair in pairs):
-            raise InputError(
-                f"{key}: expected package=version pairs such as 'transformers=4.35,vllm=0.6', got {value!r}"
-            )
-        value = {name.strip(): version.strip() for name, version in pairs}
-    if not isinstance(value, Mapping):
-        raise InputError(
-            f"{key}: expected a mapping of package to version, e.g. {{transformers: '4.35'}}, got {value!r}"
-        )
-    found = {}
-    for package, version in value.items():
-        if package not in PACKAGES:
-            raise InputError(f"{key}: unknown package {package!r}; accepted: {', '.join(PACKAGES)}")
-        if not isinstance(version, str) or parse_version(version) is None:
-            raise InputError(
-                f"{key}.{package}: expected a quoted release number such as '4.46' "
-                f"(a YAML number loses trailing zeros), got {version!r}"
-            )
-        found[package] = version.strip()
-    return tuple(sorted(found.items()))
+    name = text(key, value)
+    resolve_gpu(name, field_name=key)
+    return name
 
 
 def _model(key: str, value: Any) -> Any:
     from vramlens.model.spec import ModelSpec
 
-    return value if isinstance(value, ModelSpec) else _text(key, value)
+    return value if isinstance(value, ModelSpec) else text(key, value)
 
 
 LORA_KEYS: Final[dict[str, Converter]] = {
-    "rank": _integer(1),
-    "alpha": _number,
-    "dropout": _number,
+    "rank": _integer("lora.rank"),
+    "alpha": _real("lora.alpha"),
+    "dropout": _real("lora.dropout"),
     "targets": _targets,
     "modules_to_save": _names,
 }
 PARALLEL_KEYS: Final[dict[str, Converter]] = {
-    "gpus": _integer(1),
+    "gpus": _integer("parallel.gpus"),
     "shard": _enum(Shard),
-    "shard_degree": _optional(_integer(1)),
-    "tp": _integer(1),
-    "pp": _integer(1),
+    "shard_degree": _optional(_integer("parallel.shard_degree")),
+    "tp": _integer("parallel.tp"),
+    "pp": _integer("parallel.pp"),
     "pp_schedule": _enum(PipelineSchedule),
-    "cp": _integer(1),
-    "ep": _integer(1),
+    "cp": _integer("parallel.cp"),
+    "ep": _integer("parallel.ep"),
     "offload": _enum(Offload),
 }
 TOP_KEYS: Final[dict[str, Converter]] = {
@@ -231,37 +190,38 @@ TOP_KEYS: Final[dict[str, Converter]] = {
     "optimizer": _enum(OptimizerName),
     "optimizer_impl": _enum(OptimizerImpl),
     "optimizer_in_backward": _flag,
-    "batch": _integer(1),
-    "seq": _integer(1, tokens=True),
-    "grad_accum": _integer(1),
+    "batch": _integer("batch"),
+    "seq": _integer("seq", tokens=True),
+    "grad_accum": _integer("grad_accum"),
     "packing": _flag,
     "recompute": _enum(Recompute),
-    "recompute_every": _integer(1),
+    "recompute_every": _integer("recompute_every"),
     "attention": _enum(AttentionImpl),
     "loss": _enum(LossImpl),
     "compile": _flag,
-    "moe_capacity_factor": _optional(_number),
+    "moe_capacity_factor": _optional(_real("moe_capacity_factor")),
     "fsdp_wrap": _enum(FsdpWrap),
-    "prompt": _integer(1, tokens=True),
-    "generate": _integer(0, tokens=True),
-    "context": _optional(_integer(1, tokens=True)),
+    "prompt": _integer("prompt", tokens=True),
+    "generate": _integer("generate", tokens=True),
+    "context": _optional(_integer("context", tokens=True)),
     "kv_dtype": _enum(KvDtype),
     "engine": _enum(Engine),
-    "gpu_memory_utilization": _number,
-    "max_num_seqs": _integer(1),
-    "block_size": _integer(1),
-    "max_num_batched_tokens": _optional(_integer(1, tokens=True)),
+    "gpu_memory_utilization": _real("gpu_memory_utilization"),
+    "max_num_seqs": _integer("max_num_seqs"),
+    "block_size": _integer("block_size"),
+    "max_num_batched_tokens": _optional(_integer("max_num_batched_tokens", tokens=True)),
     "allow_long_context": _flag,
-    "alloc_conf": _alloc_conf,
-    "versions": _versions,
+    "alloc_conf": alloc_conf,
+    "versions": versions,
 }
 _NESTED: Final = {"lora": LORA_KEYS, "parallel": PARALLEL_KEYS}
 
 
-def _unknown(where: str, key: str, accepted: list[str]) -> InputError:
-    close = difflib.get_close_matches(key, accepted, n=1)
+def _unknown(where: str, key: Any, accepted: list[str]) -> InputError:
+    text = key if isinstance(key, str) else brief(key)
+    close = difflib.get_close_matches(text, accepted, n=1) if len(text) <= 100 else []
     hint = f" (did you mean '{close[0]}'?)" if close else ""
-    return InputError(f"{where}: unknown key {key!r}{hint}; accepted keys: {', '.join(accepted)}")
+    return InputError(f"{where}: unknown key {abridge(repr(text), 80)}{hint}; accepted keys: {', '.join(accepted)}")
 
 
 def _convert_block(where: str, raw: Any, table: Mapping[str, Converter]) -> dict[str, Any]:
@@ -271,41 +231,48 @@ def _convert_block(where: str, raw: Any, table: Mapping[str, Converter]) -> dict
         raise InputError(f"{where}: expected a mapping of keys, got {type(raw).__name__}")
     converted = {}
     for key, value in raw.items():
-        name = str(key).replace("-", "_")
+        name = key.replace("-", "_") if isinstance(key, str) else ""
         if name not in table:
-            raise _unknown(where, str(key), list(table))
+            raise _unknown(where, key, list(table))
         converted[name] = table[name](f"{where}.{name}", value)
     return converted
 
 
 def _merge(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
+    """``base`` with ``overrides`` on top; a nested block (``lora``, ``parallel``) is merged key
+    by key, and one that is not a mapping is refused here (it would otherwise be replaced)."""
+    merged = {_key(key): value for key, value in base.items()}
     for key, value in overrides.items():
-        name = str(key).replace("-", "_")
-        if name in _NESTED and isinstance(value, Mapping) and isinstance(merged.get(name), Mapping):
+        name = _key(key)
+        if name in _NESTED and isinstance(value, Mapping) and name in merged:
+            if not isinstance(merged[name], Mapping):
+                raise InputError(f"{name}: expected a mapping of keys, got {type(merged[name]).__name__}")
             merged[name] = {**merged[name], **value}
         else:
             merged[name] = value
     return merged
 
 
-def read_workload_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a YAML (``.yaml``/``.yml``) or JSON workload file safely into a dict."""
-    file, text = read_small_text(path, limit=MAX_WORKLOAD_FILE_BYTES, error=InputError, what="a workload file")
-    try:
-        if file.suffix.lower() == ".json":
-            data = json.loads(text)
-        else:
-            import yaml
+def _key(key: Any) -> Any:
+    """A key with dashes as underscores (non-strings kept, for the unknown-key message)."""
+    return key.replace("-", "_") if isinstance(key, str) else key
 
-            data = yaml.safe_load(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{file}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-    except Exception as exc:  # yaml.YAMLError and its subclasses
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise InputError(f"{file}: invalid YAML{where}: {problem}") from None
+
+def read_workload_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a YAML (``.yaml``/``.yml``) or JSON workload file safely into a dict: a regular file
+    of at most 1 MiB, parsed with :func:`vramlens._untrusted.load_json` / ``load_yaml`` (no code,
+    bounded nesting and aliases)."""
+    kind = LIMITS["workload"]
+    file = Path(path)
+    raw = read_regular(file, kind, InputError)
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise InputError(f"{file}: not UTF-8 text; expected {kind.what}") from None
+    if file.suffix.lower() == ".json":
+        data = load_json(text, name=str(file), what=kind.what)
+    else:
+        data = load_yaml(text, name=str(file))
     if not isinstance(data, dict):
         raise InputError(f"{file}: expected a mapping of workload keys at the top level, got {type(data).__name__}")
     return data
@@ -327,13 +294,13 @@ def load_workload(
     data = _merge(base, overrides or {})
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
-        name = str(key).replace("-", "_")
+        name = _key(key)
         if name in _NESTED:
             kwargs[name] = _convert_block(name, value, _NESTED[name])
         elif name in TOP_KEYS:
             kwargs[name] = TOP_KEYS[name](name, value)
         else:
-            raise _unknown("workload", str(key), [*TOP_KEYS, *_NESTED])
+            raise _unknown("workload", key, [*TOP_KEYS, *_NESTED])
     if "model" not in kwargs:
         raise InputError("model: required; give a catalog name, a config.json or model directory, or a cached HF id")
     kwargs["lora"] = LoraConfig(**kwargs.get("lora", {}))

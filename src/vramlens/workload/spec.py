@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from vramlens._untrusted import brief
 from vramlens.errors import InputError
 from vramlens.workload.options import (
     AttentionImpl,
@@ -30,6 +31,7 @@ from vramlens.workload.options import (
     Recompute,
     Shard,
 )
+from vramlens.workload.ranges import MAX_BATCH_TOKENS, check_range
 
 if TYPE_CHECKING:
     from vramlens.model.spec import ModelSpec
@@ -38,6 +40,13 @@ __all__ = ["ALL_LINEAR", "LoraConfig", "Parallelism", "Workload"]
 
 #: ``lora.targets`` value meaning every linear layer of the decoder (PEFT's "all-linear").
 ALL_LINEAR = "all-linear"
+
+
+#: Integer keys of :class:`Workload` with a range in :data:`vramlens.workload.ranges.RANGES`.
+_INTEGER_KEYS = (
+    "batch", "seq", "grad_accum", "recompute_every", "prompt", "generate", "context", "max_num_seqs", "block_size",
+    "max_num_batched_tokens",
+)  # fmt: skip
 
 
 def _check(condition: bool, message: str) -> None:
@@ -56,14 +65,15 @@ class LoraConfig:
     dropout: float = 0.0
     """Dropout on the adapter input; > 0 keeps a dropout mask and a dropped copy of the input."""
     targets: str | tuple[str, ...] = ALL_LINEAR
-    """``all-linear`` or module names (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, ...)."""
+    """``all-linear`` or module names (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, ...,
+    and ``lm_head`` for the output projection, which ``all-linear`` leaves out as PEFT does)."""
     modules_to_save: tuple[str, ...] = ()
     """Modules trained in full beside the adapters (embed_tokens, lm_head)."""
 
     def __post_init__(self) -> None:
-        _check(self.rank >= 1, f"lora.rank: must be an integer >= 1, got {self.rank}")
-        _check(self.alpha > 0, f"lora.alpha: must be > 0, got {self.alpha}")
-        _check(0.0 <= self.dropout < 1.0, f"lora.dropout: must be in [0, 1), got {self.dropout}")
+        check_range("lora.rank", self.rank)
+        check_range("lora.alpha", self.alpha, kind="a number")
+        check_range("lora.dropout", self.dropout, kind="a number")
         _check(
             self.targets == ALL_LINEAR or (isinstance(self.targets, tuple) and len(self.targets) > 0),
             "lora.targets: must be 'all-linear' or a non-empty list of module names",
@@ -99,7 +109,9 @@ class Parallelism:
 
     def __post_init__(self) -> None:
         for name in ("gpus", "tp", "pp", "cp", "ep"):
-            _check(getattr(self, name) >= 1, f"parallel.{name}: must be an integer >= 1, got {getattr(self, name)}")
+            check_range(f"parallel.{name}", getattr(self, name))
+        if self.shard_degree is not None:
+            check_range("parallel.shard_degree", self.shard_degree)
         model_parallel = self.tp * self.pp * self.cp
         _check(
             self.gpus % model_parallel == 0,
@@ -223,27 +235,25 @@ class Workload:
     loader against the keys PyTorch accepts. Added to the v1 contract by vramlens."""
 
     def __post_init__(self) -> None:
-        for name in ("batch", "seq", "grad_accum", "recompute_every", "prompt", "max_num_seqs", "block_size"):
-            _check(getattr(self, name) >= 1, f"{name}: must be an integer >= 1, got {getattr(self, name)}")
-        _check(self.generate >= 0, f"generate: must be an integer >= 0, got {self.generate}")
+        for name in _INTEGER_KEYS:
+            value = getattr(self, name)
+            if value is not None:
+                check_range(name, value)
+        for name in ("moe_capacity_factor", "gpu_memory_utilization"):
+            value = getattr(self, name)
+            if value is not None:
+                check_range(name, value, kind="a number")
+        tokens = self.batch * (self.seq if self.mode is Mode.TRAIN else self.total_context)
         _check(
-            self.moe_capacity_factor is None or self.moe_capacity_factor >= 1.0,
-            f"moe_capacity_factor: must be a number >= 1 (or null for dropless routing), got {self.moe_capacity_factor}",
+            tokens <= MAX_BATCH_TOKENS,
+            f"batch: {self.batch:,} sequences of {tokens // self.batch:,} tokens are {tokens:,} tokens in one "
+            f"micro-batch, more than the {MAX_BATCH_TOKENS:,} (2**32) accepted",
         )
-        _check(self.context is None or self.context >= 1, f"context: must be an integer >= 1, got {self.context}")
-        _check(
-            self.max_num_batched_tokens is None or self.max_num_batched_tokens >= 1,
-            f"max_num_batched_tokens: must be an integer >= 1 (or null), got {self.max_num_batched_tokens}",
-        )
-        _check(isinstance(self.alloc_conf, str), f"alloc_conf: must be a string, got {self.alloc_conf!r}")
+        _check(isinstance(self.alloc_conf, str), f"alloc_conf: must be a string, got {brief(self.alloc_conf)}")
         _check(
             isinstance(self.versions, tuple)
             and all(isinstance(p, tuple) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in self.versions),
-            f"versions: must be (package, version) pairs, got {self.versions!r}",
-        )
-        _check(
-            0.0 < self.gpu_memory_utilization <= 1.0,
-            f"gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization}",
+            f"versions: must be (package, version) pairs, got {brief(self.versions)}",
         )
         _check(
             self.fsdp_wrap is FsdpWrap.AUTO or self.parallel.shard in (Shard.FSDP, Shard.HSDP),

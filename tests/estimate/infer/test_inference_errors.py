@@ -31,7 +31,7 @@ BAD = [
     pytest.param({"prompt": 131000, "generate": 73}, "prompt + generate:", "131073", id="prompt-plus-generate"),
     pytest.param({"parallel": {"tp": 3, "gpus": 3}}, "parallel.tp:", "8 KV heads", id="tp-3"),
     pytest.param({"parallel": {"tp": 64, "gpus": 64}}, "parallel.tp:", "32 attention heads", id="tp-64"),
-    pytest.param({"gpu_memory_utilization": 0}, "gpu_memory_utilization:", "(0, 1]", id="utilization-0"),
+    pytest.param({"gpu_memory_utilization": 0}, "gpu_memory_utilization:", ">= 0.01", id="utilization-0"),
     pytest.param({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization:", "1.5", id="utilization-1.5"),
     pytest.param({"quant": "int3"}, "quant:", "gptq-int4", id="unknown-quant"),
     pytest.param({"kv_dtype": "fp8"}, "kv_dtype:", "engine vllm", id="fp8-kv-on-hf"),

@@ -9,7 +9,9 @@ file without importing torch. Memory beyond the parameters (activations, caches,
 sets) comes from recipes traced from the same code (:mod:`vramlens.simulate.recipe`).
 
 Refusals, each one line: no ``[hf]`` extra (install hint); a type the installed transformers
-does not know; a config transformers cannot build.
+does not know; a config transformers cannot build; a config whose layer counts pass
+:data:`MAX_CODE_LAYERS` (building costs time per layer, so a hostile ``num_hidden_layers`` would
+otherwise hold the process for minutes; sizes cost nothing on the meta device).
 """
 
 from __future__ import annotations
@@ -25,15 +27,22 @@ from vramlens.errors import ConfigError, MissingExtraError
 from vramlens.model.components import FfnKind, LayerSpec, MixerKind, PositionKind, PositionSpec
 from vramlens.model.config_reader import MAX_SIZE, ConfigView
 from vramlens.model.generic.layout import Component, GenericLayout, layout_from_json, layout_to_json
-from vramlens.model.generic.store import recipe_file
+from vramlens.model.generic.store import recipe_file, require_code_reading
 
 if TYPE_CHECKING:
     from vramlens.model.spec import ModelSpec
 
-__all__ = ["describe_config", "text_config"]
+__all__ = ["MAX_CODE_LAYERS", "check_layer_counts", "describe_config", "text_config"]
 
 _PURPOSE = "describing a model_type without a native vramlens family"
 _LOG = logging.getLogger(__name__)
+#: Most layers of any stack (decoder, tower) a config read from code may declare: real models
+#: have at most a few hundred; building 1,024 small layers on the meta device takes seconds.
+MAX_CODE_LAYERS = 1024
+#: Config keys (at any nesting: text, vision, audio sub-configs) that count layers.
+_LAYER_COUNT_KEYS = frozenset(
+    {"num_hidden_layers", "num_layers", "n_layer", "n_layers", "depth", "encoder_layers", "decoder_layers"}
+)
 
 
 def text_config(data: dict[str, Any]) -> dict[str, Any]:
@@ -66,6 +75,27 @@ def _check_known(model_type: str, source: str, data: dict[str, Any]) -> None:
     )
 
 
+def check_layer_counts(data: Any, source: str, path: str = "") -> None:
+    """Refuse in one line a layer count over :data:`MAX_CODE_LAYERS` anywhere in the config
+    (the config was read with bounded nesting and size, so this walk is bounded too)."""
+    if isinstance(data, list):
+        for index, item in enumerate(data):
+            check_layer_counts(item, source, f"{path}[{index}]")
+        return
+    if not isinstance(data, dict):
+        return
+    for key, value in data.items():
+        where = f"{path}.{key}" if path else str(key)
+        if key in _LAYER_COUNT_KEYS and isinstance(value, int) and not isinstance(value, bool):
+            if value > MAX_CODE_LAYERS:
+                raise ConfigError(
+                    f"{source}: {where} is {value:,}; a model read from transformers' code may have at most "
+                    f"{MAX_CODE_LAYERS:,} layers per stack (real models have a few hundred)"
+                )
+        elif isinstance(value, (dict, list)):
+            check_layer_counts(value, source, where)
+
+
 def _layout(data: dict[str, Any], model_type: str, source: str, dtype: str) -> GenericLayout:
     """The layout from the recipe cache, or read from the code (and stored) on a miss."""
     file = recipe_file(data, model_type, purpose=_PURPOSE)
@@ -75,6 +105,8 @@ def _layout(data: dict[str, Any], model_type: str, source: str, dtype: str) -> G
             return layout_from_json(stored["layout"])
         except (KeyError, ValueError, TypeError):
             pass
+    check_layer_counts(data, source)
+    require_code_reading(f"{source}: reading model_type {model_type!r} from transformers' code")
     _check_known(model_type, source, data)
     from vramlens.model.generic.reader import read_layout
 

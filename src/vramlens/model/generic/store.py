@@ -11,6 +11,11 @@ Directory: ``$VRAMLENS_CACHE_DIR``, else ``$XDG_CACHE_HOME/vramlens``, else
 ``~/.cache/vramlens``; files under ``recipes/``. A file that cannot be read back (corrupt,
 truncated, from another format) is ignored and written again. Writes are atomic (a
 temporary file renamed over the old one), so concurrent estimates never see half a file.
+
+A process may switch reading and tracing code off (:func:`code_reading`): the web server
+does, so that it never imports torch nor holds its event loop for the seconds a build or a
+trace takes; a cache miss there is :class:`CodeNotRead`, and the server has the work done in
+a process of its own (which fills this cache) before it answers from the cache.
 """
 
 from __future__ import annotations
@@ -19,21 +24,57 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Final
 
-from vramlens.errors import MissingExtraError
+from vramlens.errors import InputError, MissingExtraError
 
-__all__ = ["FORMAT", "RecipeFile", "cache_dir", "config_digest", "library_versions", "recipe_file"]
+__all__ = [
+    "FORMAT",
+    "CodeNotRead",
+    "RecipeFile",
+    "cache_dir",
+    "code_reading",
+    "config_digest",
+    "library_versions",
+    "recipe_file",
+    "require_code_reading",
+]
 
 #: Version of the file layout and of what the reader and the tracer measure; a file of another
 #: version is derived again (bump it whenever either changes what it records).
 FORMAT: Final = 7
 #: Largest recipe file read back (real ones are a few KiB to a few hundred KiB).
 MAX_FILE_BYTES: Final = 16 * 2**20
+
+
+class CodeNotRead(InputError):
+    """A model's code had to be read or traced, and this process does not (the web server)."""
+
+
+#: Whether this process reads and traces models' code on a cache miss (module docstring).
+_CODE_READING = {"on": True}
+
+
+@contextmanager
+def code_reading(on: bool) -> Iterator[None]:
+    """Within the block, reading and tracing code is ``on`` or off (the previous state after)."""
+    before = _CODE_READING["on"]
+    _CODE_READING["on"] = on
+    try:
+        yield
+    finally:
+        _CODE_READING["on"] = before
+
+
+def require_code_reading(what: str) -> None:
+    """Raise :class:`CodeNotRead` (naming ``what`` would have run) when reading code is off."""
+    if not _CODE_READING["on"]:
+        raise CodeNotRead(f"{what}: not in the recipe cache ({cache_dir()}), and this process does not read code")
 
 
 def cache_dir() -> Path:
