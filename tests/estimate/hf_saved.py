@@ -3,17 +3,21 @@ of a real transformers model, on CPU.
 
 "Where am I" comes from forward hooks on the decoder layer; "what was saved" from
 ``torch.autograd.graph.saved_tensors_hooks``. Only tensors still held after the forward
-count: a node whose outputs nobody uses (the discarded values of a ``topk`` in a router)
-is freed with what it saved, and its storage's address can be reused by a later tensor, so
-addresses are read only once the forward is over (weak references to the packed tensors).
-A saved tensor is counted once per storage; parameters, and storages the previous layer
-also saved (rotary tables and attention masks shared by all layers), are left out, as
-vramlens counts those outside the layers. Needs the [hf] extra; imported by tests only.
+count: a node whose outputs nobody uses (the discarded values of a ``topk`` in a router, the
+delta rule's final state when no cache asks for it) is freed with what it saved, and its
+storage's address can be reused by a later tensor, so addresses are read only once the
+forward is over (weak references to the packed tensors). A saved tensor is counted once per
+storage; parameters, and storages another layer also saved (rotary tables and attention masks
+shared by all layers, or by all attention layers of a hybrid), are left out, as vramlens counts
+those outside the layers. Needs the [hf] extra; imported by tests only.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import gc
+import json
 import warnings
 import weakref
 from typing import Any
@@ -59,22 +63,28 @@ def layer_saved_bytes_per_token(
     batch: int = 2,
     seq: int = 64,
     autocast: bool = False,
+    frozen: bool = False,
 ) -> float:
     """Bytes per token autograd keeps for decoder layer ``layer`` in one forward pass: the
     difference between a forward of ``2 * batch`` and of ``batch`` sequences, per token, so
-    that tensors of parameter size (Gemma's ``1 + weight``) drop out."""
-    double = _layer_saved_bytes(config, dtype, attention, layer, 2 * batch, seq, autocast)
-    single = _layer_saved_bytes(config, dtype, attention, layer, batch, seq, autocast)
-    return (double - single) / (batch * seq)
+    that tensors of parameter size (Gemma's ``1 + weight``) drop out. ``frozen``: every
+    parameter frozen and the input embeddings requiring grad (a LoRA run without its adapters).
+    One forward measures every layer: the layers of a settings' forward are kept for the next call."""
+    key = json.dumps(config, sort_keys=True)
+    double = _saved_by_layer(key, dtype, attention, 2 * batch, seq, autocast, frozen)
+    single = _saved_by_layer(key, dtype, attention, batch, seq, autocast, frozen)
+    return (double[layer] - single[layer]) / (batch * seq)
 
 
-def _layer_saved_bytes(
-    config: dict[str, Any], dtype: str, attention: str, layer: int, batch: int, seq: int, autocast: bool
-) -> int:
+@functools.lru_cache(maxsize=8)
+def _saved_by_layer(
+    config_json: str, dtype: str, attention: str, batch: int, seq: int, autocast: bool, frozen: bool
+) -> tuple[int, ...]:
+    """Bytes each decoder layer keeps (its own storages) in one forward of ``config_json``'s model."""
     import torch
 
     torch.manual_seed(0)
-    model = _build(config, getattr(torch, dtype), attention)
+    model = _build(json.loads(config_json), getattr(torch, dtype), attention)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     packed: list[tuple[int, Any]] = []
     current: list[int | None] = [None]
@@ -89,17 +99,27 @@ def _layer_saved_bytes(
         return tensor
 
     ids = torch.randint(0, model.config.get_text_config().vocab_size, (batch, seq))
+    inputs: dict[str, Any] = {"input_ids": ids}
+    if frozen:
+        for parameter in model.parameters():
+            parameter.requires_grad_(False)
+        inputs = {"inputs_embeds": model.get_input_embeddings()(ids).requires_grad_(True)}
     amp = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), amp:
-        output = model(input_ids=ids)
-    saved: dict[int, dict[int, int]] = {}
+        output = model(**inputs)
+    gc.collect()
+    saved: dict[int, dict[int, int]] = {index: {} for index in range(len(layers))}
     for index, ref in packed:
         tensor = ref()
         if tensor is not None and tensor.untyped_storage().data_ptr() not in params:
             storage = tensor.untyped_storage()
-            saved.setdefault(index, {})[storage.data_ptr()] = storage.nbytes()
+            saved[index][storage.data_ptr()] = storage.nbytes()
     del output
-    neighbour = layer - 1 if layer > 0 else layer + 1  # storages a neighbour saved too are shared by all layers
-    shared = set(saved.get(neighbour, {}))
-    own = {ptr: size for ptr, size in saved[layer].items() if ptr not in shared}
-    return sum(own.values())
+    return tuple(_own_bytes(saved, layer) for layer in range(len(layers)))
+
+
+def _own_bytes(saved: dict[int, dict[int, int]], layer: int) -> int:
+    """Bytes of the storages ``layer`` saved that no other layer saved too (those are shared: by all
+    layers, or by all attention layers of a hybrid, and vramlens counts them outside the layers)."""
+    shared = {ptr for other, storages in saved.items() if other != layer for ptr in storages}
+    return sum(size for ptr, size in saved[layer].items() if ptr not in shared)

@@ -31,13 +31,15 @@ from vramlens.estimate.activations import layer_saved_parts
 from vramlens.estimate.context import resolve_training
 from vramlens.estimate.layout import lora_targets
 from vramlens.estimate.recompute import _recipe, layer_kind, train_state
+from vramlens.estimate.saved_parts import TrainState
 from vramlens.model.resolve import model_from_config
+from vramlens.model.spec import LayerKind
 from vramlens.workload.load import load_workload
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from family_configs import FAMILY_CONFIGS
+from family_configs import FAMILY_CONFIGS, HYBRID_CONFIGS
 
 pytestmark = [requires_hf, pytest.mark.hf]
 
@@ -75,9 +77,36 @@ _LAYERS = {
     "glm4_moe": (0, 1),  # dense, MoE
     "glm4_moe-two-shared": (1, 2),  # dense, MoE
 }
+#: Configs that differ from a hybrid family's only in its mixer (Falcon-H1 without the Mamba RMSNorm).
+_MIXER_VARIANTS = {"falcon_h1-no-mamba-norm"}
+#: The layers checked in the hybrid families: one of each (mixer, FFN) kind, each after an earlier
+#: layer of its mixer kind where masks are shared (hf_saved leaves out what another layer kept).
+HYBRID_LAYERS = {
+    "qwen3_next": (2, 3, 4),  # linear attention + dense, attention + MoE, linear attention + MoE
+    "jamba": (1, 2, 3),  # Mamba 1 + dense, Mamba 1 + MoE, attention + dense
+    "falcon_h1": (1,),  # attention and Mamba 2 in parallel + dense
+    "falcon_h1-no-mamba-norm": (1,),
+    "nemotron_h": (2, 3, 4, 5),  # Mamba 2, MLP, MoE, attention blocks
+    "granitemoehybrid": (2, 3),  # Mamba 2 + MoE and shared MLP, attention + MoE
+}
 
 
-def _cases() -> list[tuple[str, str, str, int]]:
+def _hybrid_case(family: str, precision: str, attention: str, layer: int) -> tuple[bool, bool]:
+    """(run, slow) of a hybrid family's case. The scans are slow on CPU, so each mechanism is checked
+    once: every layer in bf16 with SDPA (the fast suite), every layer in fp32 with SDPA (the up-casts
+    that are no-ops in fp32), and eager attention in bf16 on the layers that attend (a Mamba or
+    DeltaNet mixer does not depend on the attention kernel); fp32 with eager attention adds nothing
+    the dense families' fp32 eager cases do not check. A variant of a family's mixer (``_MIXER_VARIANTS``)
+    has the family's attention: its eager case is the family's."""
+    if (precision, attention) == ("bf16", "sdpa"):
+        return True, False
+    if attention == "sdpa":
+        return True, True
+    attends = model_from_config(_CONFIGS[family]).layers[layer].attends
+    return precision == "bf16" and attends and family not in _MIXER_VARIANTS, True
+
+
+def _cases() -> list[object]:
     cases = []
     for family in _CONFIGS:
         if family in _SKIP:
@@ -86,7 +115,14 @@ def _cases() -> list[tuple[str, str, str, int]]:
             for attention in ("sdpa", "eager"):
                 if attention == "sdpa" and family in _EAGER_ONLY:
                     continue
-                cases += [(family, precision, attention, layer) for layer in _LAYERS.get(family, (1,))]
+                for layer in HYBRID_LAYERS.get(family) or _LAYERS.get(family, (1,)):
+                    run, slow = (
+                        _hybrid_case(family, precision, attention, layer) if family in HYBRID_LAYERS else (True, False)
+                    )
+                    if run:
+                        cases.append(
+                            pytest.param(family, precision, attention, layer, marks=(pytest.mark.slow,) * slow)
+                        )
     return cases
 
 
@@ -98,12 +134,12 @@ def estimated_per_token(config: dict, *, precision: str, attention: str, layer: 
     )
     ctx = resolve_training(spec, workload)
     recipe = _recipe(ctx, train_state(ctx, lora_targets(ctx)), [])
-    moe, masked, rope = layer_kind(spec.layers[layer], _SEQ)
-    return sum(part.bytes_per_token for part in layer_saved_parts(recipe, moe_layer=moe, sliding=masked, rope=rope))
+    kind = layer_kind(spec.layers[layer], _SEQ)
+    return sum(part.bytes_per_token for part in layer_saved_parts(recipe, kind))
 
 
-def _tolerance(family: str, precision: str) -> float:
-    if family in _MOE:
+def _tolerance(family: str, precision: str, layer: int = 1) -> float:
+    if family in _MOE or (family in HYBRID_CONFIGS and model_from_config(_CONFIGS[family]).layers[layer].moe):
         return 0.02
     layer_norm = family.startswith(("phi", "gpt", "falcon", "starcoder"))
     return 0.015 if (layer_norm and precision == "bf16") else 0.0
@@ -117,7 +153,7 @@ def test_layer_recipe_matches_autograd(family: str, precision: str, attention: s
     config = _CONFIGS[family]
     truth = layer_saved_bytes_per_token(config, dtype=dtype, attention=attention, seq=_SEQ, layer=layer)
     ours = estimated_per_token(config, precision=precision, attention=attention, layer=layer)
-    assert ours == pytest.approx(truth, rel=_tolerance(family, precision), abs=0.5)
+    assert ours == pytest.approx(truth, rel=_tolerance(family, precision, layer), abs=0.5)
 
 
 @pytest.mark.slow
@@ -193,3 +229,45 @@ def test_autocast_moe_recipe_matches_autograd(family: str) -> None:
     truth = layer_saved_bytes_per_token(config, dtype="float32", attention=attention, seq=_SEQ, autocast=True)
     ours = estimated_per_token(config, precision="mixed-bf16", attention=attention)
     assert ours == pytest.approx(truth, rel=0.01)
+
+
+#: One mixer layer per scan: gated DeltaNet, Mamba 1, Mamba 2 beside attention (Falcon-H1) and alone (Nemotron-H).
+_MIXER_LAYERS = {"qwen3_next": 2, "jamba": 1, "falcon_h1": 1, "nemotron_h": 2}
+
+
+def _frozen_per_token(config: dict, *, seq: int, layer: int) -> float:
+    """vramlens' bytes per token of ``layer`` with every weight frozen (LoRA's layers, no adapters)."""
+    import dataclasses
+
+    spec = model_from_config(config, name="tiny")
+    workload = load_workload({"model": "llama-3.1-8b", "precision": "bf16", "batch": 2, "seq": seq})
+    ctx = resolve_training(spec, workload)
+    recipe = dataclasses.replace(
+        _recipe(ctx, train_state(ctx, lora_targets(ctx)), []),
+        train=TrainState(norms=False, needs_input=frozenset(), adapters=frozenset()),
+    )
+    kind = LayerKind(mixer=spec.layers[layer].mixer, ffn=spec.layers[layer].ffn)
+    return sum(part.bytes_per_token for part in layer_saved_parts(recipe, kind))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("frozen", [False, True], ids=["trained", "frozen"])
+@pytest.mark.parametrize("family", sorted(_MIXER_LAYERS))
+def test_mixers_at_a_padded_multi_chunk_length(family: str, frozen: bool) -> None:
+    """100 tokens: two gated-DeltaNet chunks of 64 with 28 padded positions, seven Mamba 2 chunks of
+    16 with 12; the sequential Mamba 1 scan keeps one state per token. Frozen: multiplications
+    keep an operand only for the other operand's gradient, so frozen mixers keep less."""
+    from hf_saved import layer_saved_bytes_per_token
+
+    config, layer = _CONFIGS[family], _MIXER_LAYERS[family]
+    truth = layer_saved_bytes_per_token(config, seq=100, layer=layer, frozen=frozen)
+    if frozen:
+        ours = _frozen_per_token(config, seq=100, layer=layer)
+    else:
+        spec = model_from_config(config, name="tiny")
+        workload = load_workload({"model": "llama-3.1-8b", "precision": "bf16", "batch": 2, "seq": 100})
+        ctx = resolve_training(spec, workload)
+        recipe = _recipe(ctx, train_state(ctx, lora_targets(ctx)), [])
+        kind = LayerKind(mixer=spec.layers[layer].mixer, ffn=spec.layers[layer].ffn)
+        ours = sum(part.bytes_per_token for part in layer_saved_parts(recipe, kind))
+    assert ours == pytest.approx(truth, abs=0.5)

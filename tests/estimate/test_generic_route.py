@@ -24,7 +24,7 @@ pytestmark = [requires_hf, pytest.mark.hf]
 def hybrid() -> Any:
     from vramlens.model.families import parse_config
 
-    return parse_config(small_config("qwen3_next"), source="qwen3_next")
+    return parse_config(small_config("qwen3_5_moe_text"), source="qwen3_5_moe_text")
 
 
 @pytest.mark.parametrize(
@@ -59,7 +59,7 @@ def test_a_quantized_checkpoint_is_not_traced_as_unquantized() -> None:
     from vramlens.model.families import parse_config
 
     config = {
-        **small_config("qwen3_next"),
+        **small_config("qwen3_5_moe_text"),
         "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]},
     }
     spec = parse_config(config, source="fp8")
@@ -79,7 +79,7 @@ def test_a_model_whose_code_fails_on_fake_tensors_is_one_line(monkeypatch: pytes
         raise RuntimeError("aten::nonzero: data-dependent\nsecond line")
 
     monkeypatch.setattr(tracer, "_training_step", broken)
-    with pytest.raises(InputError, match=r"^model: cannot trace the layer recipe of .*qwen3_next.*RuntimeError"):
+    with pytest.raises(InputError, match=r"^model: cannot trace the layer recipe of .*qwen3_5_moe_text.*RuntimeError"):
         estimate({"model": hybrid, "batch": 1, "seq": 48, "precision": "fp32"})
 
 
@@ -103,7 +103,7 @@ def test_once_traced_an_estimate_imports_no_torch(tmp_path: Path) -> None:
     from vramlens.estimate import estimate
     from vramlens.model.families import parse_config
 
-    config = small_config("qwen3_next")
+    config = small_config("qwen3_5_moe_text")
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
     workload = _LORA

@@ -12,7 +12,7 @@ from typing import Any
 
 #: model_type -> overrides of transformers' default config.
 SMALL: dict[str, dict[str, Any]] = {
-    "qwen3_next": {
+    "qwen3_5_moe_text": {
         "hidden_size": 64,
         "num_hidden_layers": 4,
         "num_attention_heads": 4,

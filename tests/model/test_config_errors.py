@@ -92,6 +92,61 @@ CASES = [
     ),
     ("top level list", [LLAMA], "expected a JSON object, got list"),
     (
+        "nemotron_h latent MoE",
+        {**FAMILY_CONFIGS["nemotron_h"], "moe_latent_size": 16},
+        "key 'moe_latent_size' is set: MoE latent projections are not modelled",
+    ),
+    (
+        "nemotron_h pattern",
+        {**FAMILY_CONFIGS["nemotron_h"], "hybrid_override_pattern": "M*X"},
+        "key 'hybrid_override_pattern' has ['X']; expected characters M * - E",
+    ),
+    (
+        "nemotron_h block type",
+        {**FAMILY_CONFIGS["nemotron_h"], "layers_block_type": ["mamba", "ssm"]},
+        "key 'layers_block_type' has unsupported ssm",
+    ),
+    (
+        "jamba attention offset",
+        {**FAMILY_CONFIGS["jamba"], "attn_layer_offset": 3},
+        "key 'attn_layer_offset' (3) must be smaller than attn_layer_period (3)",
+    ),
+    (
+        "jamba dt rank",
+        {**FAMILY_CONFIGS["jamba"], "mamba_dt_rank": "small"},
+        "key 'mamba_dt_rank' must be an integer >= 1, got 'small'",
+    ),
+    (
+        "qwen3_next layer type",
+        {**FAMILY_CONFIGS["qwen3_next"], "layer_types": ["sliding_attention"] * 5},
+        "key 'layer_types' has unsupported sliding_attention; expected linear_attention, full_attention",
+    ),
+    (
+        "qwen3_next value heads",
+        {**FAMILY_CONFIGS["qwen3_next"], "linear_num_value_heads": 3},
+        "linear_attention.num_value_heads: 3 is not a multiple of the 2 key heads",
+    ),
+    (
+        "falcon_h1 head width",
+        {**FAMILY_CONFIGS["falcon_h1"], "mamba_d_head": 10},
+        "key 'mamba_d_head' 10 x 6 Mamba heads must equal the Mamba inner width 96",
+    ),
+    (
+        "falcon_h1 groups",
+        {**FAMILY_CONFIGS["falcon_h1"], "mamba_n_groups": 4},
+        "mamba.n_groups: 4 does not divide the 6 heads",
+    ),
+    (
+        "granitemoehybrid positions",
+        {**FAMILY_CONFIGS["granitemoehybrid"], "position_embedding_type": "alibi"},
+        "key 'position_embedding_type' must be null or 'rope', got 'alibi'",
+    ),
+    (
+        "granitemoehybrid layer count",
+        {**FAMILY_CONFIGS["granitemoehybrid"], "layer_types": ["mamba"]},
+        "key 'layer_types' has 1 entries for 4 layers",
+    ),
+    (
         "gpt_oss layer_types length",
         {**FAMILY_CONFIGS["gpt_oss"], "layer_types": ["full_attention"]},
         "key 'layer_types' has 1 entries for 3 layers",

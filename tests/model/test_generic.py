@@ -48,7 +48,7 @@ def test_small_configs_are_read_to_the_parameter(model_type: str) -> None:
 
 
 def test_a_hybrid_is_read_as_its_layer_kinds() -> None:
-    spec = parse_config(small_config("qwen3_next"), source="qwen3_next")
+    spec = parse_config(small_config("qwen3_5_moe_text"), source="qwen3_5_moe_text")
     layout = spec.generic
     assert layout is not None
     assert [layer.mixer for layer in spec.layers] == [MixerKind.LINEAR_ATTENTION] * 3 + [MixerKind.ATTENTION]
@@ -61,7 +61,7 @@ def test_a_hybrid_is_read_as_its_layer_kinds() -> None:
     routed = spec.parameter_breakdown.moe_experts
     assert spec.active_parameters == spec.num_parameters - routed + routed * 2 // 4
     names = {shape.name for shape in linear.linears}
-    assert {"linear_attn.in_proj_qkvz", "linear_attn.out_proj", "mlp.shared_expert.down_proj"} <= names
+    assert {"linear_attn.in_proj_qkv", "linear_attn.out_proj", "mlp.shared_expert.down_proj"} <= names
 
 
 def test_layers_sharing_a_block_count_it_once() -> None:
@@ -72,14 +72,14 @@ def test_layers_sharing_a_block_count_it_once() -> None:
 
 
 def test_the_layout_survives_its_json() -> None:
-    layout = parse_config(small_config("qwen3_next"), source="q").generic
+    layout = parse_config(small_config("qwen3_5_moe_text"), source="q").generic
     assert layout is not None
     assert layout_from_json(json.loads(json.dumps(layout_to_json(layout)))) == layout
 
 
 def test_a_second_load_comes_from_the_cache_without_torch(tmp_path: Path) -> None:
     path = tmp_path / "config.json"
-    path.write_text(json.dumps(small_config("qwen3_next")))
+    path.write_text(json.dumps(small_config("qwen3_5_moe_text")))
     parse_config(json.loads(path.read_text()), source=str(path))  # fills the cache
     script = (
         "import sys, vramlens; s = vramlens.load_model(sys.argv[1]); "
@@ -88,7 +88,7 @@ def test_a_second_load_comes_from_the_cache_without_torch(tmp_path: Path) -> Non
     done = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, cwd=REPO_ROOT)
     assert done.returncode == 0, done.stderr
     count, torch_loaded, transformers_loaded = done.stdout.split()
-    assert int(count) == parse_config(small_config("qwen3_next")).num_parameters
+    assert int(count) == parse_config(small_config("qwen3_5_moe_text")).num_parameters
     assert (torch_loaded, transformers_loaded) == ("False", "False")
 
 
@@ -107,9 +107,9 @@ def test_without_the_hf_extra_the_type_is_refused_with_the_install_hint(monkeypa
 
     monkeypatch.setattr(generic, "find_spec", lambda name: None)
     with pytest.raises(
-        MissingExtraError, match=r"^cfg: model_type 'qwen3_next' has no native .*pip install 'vramlens\[hf\]'"
+        MissingExtraError, match=r"^cfg: model_type 'qwen3_5_moe_text' has no native .*pip install 'vramlens\[hf\]'"
     ):
-        parse_config(small_config("qwen3_next"), source="cfg")
+        parse_config(small_config("qwen3_5_moe_text"), source="cfg")
 
 
 @pytest.mark.parametrize(
@@ -120,7 +120,7 @@ def test_without_the_hf_extra_the_type_is_refused_with_the_install_hint(monkeypa
             {"model_type": "acme_net", "auto_map": {"AutoConfig": "acme.Config"}},
             "its config names its own code in auto_map, which vramlens never runs",
         ),
-        ({"model_type": "qwen3_next", "hidden_size": "wide"}, "transformers 5"),
+        ({"model_type": "qwen3_5_moe_text", "hidden_size": "wide"}, "transformers 5"),
         ({"model_type": ""}, "key 'model_type' must be a non-empty string"),
     ],
 )
@@ -142,7 +142,7 @@ def test_a_hostile_layer_count_is_refused_before_anything_is_built(
     built: list[str] = []
     monkeypatch.setattr(reader, "build_meta_model", lambda *args: built.append("built") or (None, ""))
     for overrides in ({"num_hidden_layers": 1_000_000}, {"vision_config": {"depth": generic.MAX_CODE_LAYERS + 1}}):
-        config = {**small_config("qwen3_next"), "layer_types": None, **overrides}
+        config = {**small_config("qwen3_5_moe_text"), "layer_types": None, **overrides}
         with pytest.raises(ConfigError, match=r"at most 1,024 layers per stack") as info:
             parse_config(config, source="config.json")
         assert "\n" not in str(info.value) and (

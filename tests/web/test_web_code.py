@@ -56,7 +56,7 @@ def test_a_model_read_from_its_code_is_read_outside_the_server(tmp_path: Path, m
     monkeypatch.syspath_prepend(str(REPO_ROOT / "tests" / "model"))
     from generic_configs import small_config
 
-    config = {**small_config("qwen3_next"), "layer_types": None}
+    config = {**small_config("qwen3_5_moe_text"), "layer_types": None}
     done = subprocess.run(
         [sys.executable, "-c", _SERVER],
         input=json.dumps(config),
@@ -69,8 +69,8 @@ def test_a_model_read_from_its_code_is_read_outside_the_server(tmp_path: Path, m
     )
     assert done.returncode == 0, done.stderr[-2000:]
     found = json.loads(done.stdout.splitlines()[-1])
-    assert found["config"] == 200 and "qwen3_next" in found["config_text"], found
+    assert found["config"] == 200 and "qwen3_5_moe_text" in found["config_text"], found
     assert found["estimate"] == 200 and found["again"] == 200, found
     assert not found["torch"] and not found["transformers"], found  # the server never imported them
     assert found["slowest"] < 2.0, found  # 20 s when the code was read on the event loop
-    assert list((tmp_path / "recipes").glob("qwen3_next-*.json")), "the child filled the recipe cache"
+    assert list((tmp_path / "recipes").glob("qwen3_5_moe_text-*.json")), "the child filled the recipe cache"

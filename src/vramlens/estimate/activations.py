@@ -22,8 +22,12 @@ per-family numbers are checked against autograd's saved tensors on CPU in
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from vramlens.errors import InputError
+from vramlens.estimate.mixers.deltanet import deltanet_saved_parts
+from vramlens.estimate.mixers.mamba import mamba_saved_parts
 from vramlens.estimate.moe_parts import moe_parts
 from vramlens.estimate.saved_parts import (
     FP32,
@@ -42,10 +46,18 @@ from vramlens.estimate.saved_parts import (
     plain_saved,
 )
 from vramlens.estimate.styles import NormStyle
-from vramlens.model.spec import MlpKind, ModelSpec, QKNorm
+from vramlens.model.spec import FfnKind, LayerKind, MixerKind, MlpKind, ModelSpec, QKNorm
 from vramlens.workload.options import AttentionImpl
 
-__all__ = ["LayerRecipe", "Part", "TrainState", "ffn_saved_parts", "layer_saved_parts", "norm_saved"]
+__all__ = [
+    "LayerRecipe",
+    "Part",
+    "TrainState",
+    "ffn_saved_parts",
+    "layer_saved_parts",
+    "norm_saved",
+    "register_mixer_saved",
+]
 
 
 def _qk_norm_parts(recipe: LayerRecipe, q: int, kv: int, *, rope: bool) -> list[Part]:
@@ -67,8 +79,11 @@ def _qk_norm_parts(recipe: LayerRecipe, q: int, kv: int, *, rope: bool) -> list[
             parts.append(Part(name=f"{label} mean+rstd", bytes_per_token=2 * STAT * count))
         return parts
     keep = (recipe.compute_bytes if recipe.style.norm == NormStyle.RMS else FP32) if recipe.train.norms else 0
-    for label, width, count in (("q_norm", q, stats[0]), ("k_norm", kv, stats[1])):
-        parts.append(Part(name=f"{label} fp32 input", bytes_per_token=FP32 * width))
+    # In fp32 the norm's up-cast is a no-op: it keeps its input, and a query that is a view of a
+    # q_proj output also holding the output gates (Qwen3-Next) keeps that whole output.
+    q_storage = 2 * q if (attention.output_gate and recipe.compute_bytes == FP32) else q
+    for label, width, count, stored in (("q_norm", q, stats[0], q_storage), ("k_norm", kv, stats[1], kv)):
+        parts.append(Part(name=f"{label} fp32 input", bytes_per_token=FP32 * stored))
         parts.append(Part(name=f"{label} rsqrt", bytes_per_token=STAT * count))
         if keep:
             parts.append(Part(name=f"{label} normalized", bytes_per_token=keep * width))
@@ -166,6 +181,19 @@ def _mla_latent_parts(recipe: LayerRecipe) -> list[Part]:
     return parts
 
 
+def _output_gate_parts(recipe: LayerRecipe, width: int, *, copy: bool, needs_out: bool) -> list[Part]:
+    """Qwen3-Next's ``o_proj(attn * sigmoid(gate))``: the product keeps the attention output (a
+    copy where the kernel's layout is not the heads-last one, as for ``out_proj_copy``) and the
+    sigmoid's output, which the sigmoid keeps too; ``o_proj`` keeps the product when it trains."""
+    a = recipe.compute_bytes
+    parts = [Part(name="attention output gate sigmoid(gate)", bytes_per_token=a * width)]
+    if copy:
+        parts.append(Part(name="attention output copy (gate multiply input)", bytes_per_token=a * width))
+    if needs_out:
+        parts.append(Part(name="o_proj input (gated attention output)", bytes_per_token=a * width))
+    return parts
+
+
 def _attention_parts(recipe: LayerRecipe, input_bytes: int, *, sliding: bool, rope: bool) -> list[Part]:
     spec = recipe.spec
     h = spec.hidden_size
@@ -185,7 +213,9 @@ def _attention_parts(recipe: LayerRecipe, input_bytes: int, *, sliding: bool, ro
     out_width = widths.q if spec.attn.mla is None else widths.v
     copy = recipe.attention is AttentionImpl.EAGER or recipe.style.out_proj_copy
     needs_out = any(s.group == "attn_out" and s.name in recipe.train.needs_input for s in recipe.linears)
-    if copy and needs_out:
+    if spec.attn.output_gate:
+        parts += _output_gate_parts(recipe, out_width, copy=copy, needs_out=needs_out)
+    elif copy and needs_out:
         parts.append(
             Part(name="o_proj input (attention output copy)", bytes_per_token=recipe.compute_bytes * out_width)
         )
@@ -221,40 +251,116 @@ def _mlp_parts(recipe: LayerRecipe, input_bytes: int) -> list[Part]:
     return parts
 
 
-def layer_saved_parts(recipe: LayerRecipe, *, moe_layer: bool, sliding: bool = False, rope: bool = True) -> list[Part]:
-    """Every tensor one decoder layer keeps for backward, in bytes per token. ``sliding``: the
-    layer's attention is masked (a sliding window or an attention chunk shorter than the
-    sequence); ``rope``: it applies rotary embeddings (False for Llama 4's NoPE layers)."""
-    attention, ffn = _layer_halves(recipe, moe_layer=moe_layer, sliding=sliding, rope=rope)
-    return attention + ffn
+#: What one layer's token mixer keeps for backward: ``(recipe, input_bytes, kind) -> parts``,
+#: ``input_bytes`` being the bytes per element of the (normed) tensor the mixer reads and ``kind``
+#: the layer's kind (its attention's mask and rotary flags).
+MixerSaved = Callable[[LayerRecipe, int, LayerKind], list[Part]]
 
 
-def ffn_saved_parts(recipe: LayerRecipe, *, moe_layer: bool, sliding: bool = False, rope: bool = True) -> list[Part]:
+def _attention_mixer(recipe: LayerRecipe, input_bytes: int, kind: LayerKind) -> list[Part]:
+    return _attention_parts(recipe, input_bytes, sliding=kind.sliding, rope=kind.rope)
+
+
+def _attention_and_mamba(recipe: LayerRecipe, input_bytes: int, kind: LayerKind) -> list[Part]:
+    """Falcon-H1: attention and Mamba read the normed input, each through its own muP-scaled copy
+    (``x * attention_in_multiplier``, ``x * ssm_in_multiplier``), which each keeps."""
+    return _attention_mixer(recipe, input_bytes, kind) + mamba_saved_parts(recipe, input_bytes, kind)
+
+
+_MIXER_SAVED: dict[MixerKind, MixerSaved] = {
+    MixerKind.ATTENTION: _attention_mixer,
+    MixerKind.MAMBA: mamba_saved_parts,
+    MixerKind.LINEAR_ATTENTION: deltanet_saved_parts,
+    MixerKind.ATTENTION_AND_MAMBA: _attention_and_mamba,
+}
+
+
+def register_mixer_saved(kind: MixerKind, saved: MixerSaved) -> None:
+    """Register what a token mixer keeps for backward (a new mixer is an entry, not an ``elif``)."""
+    _MIXER_SAVED[kind] = saved
+
+
+def _kind(kind: LayerKind | None, *, moe_layer: bool, sliding: bool, rope: bool) -> LayerKind:
+    """``kind``, or an attention layer described by the keyword flags (dense or MoE, masked, rotary)."""
+    if kind is not None:
+        return kind
+    return LayerKind(ffn=FfnKind.MOE if moe_layer else FfnKind.DENSE, sliding=sliding, rope=rope)
+
+
+def layer_saved_parts(
+    recipe: LayerRecipe,
+    kind: LayerKind | None = None,
+    *,
+    moe_layer: bool = False,
+    sliding: bool = False,
+    rope: bool = True,
+) -> list[Part]:
+    """Every tensor one decoder layer of ``kind`` keeps for backward, in bytes per token (see
+    :meth:`vramlens.model.components.LayerSpec.kind_at`; without a kind: an attention layer, MoE
+    when ``moe_layer``, masked by a window or chunk when ``sliding``, NoPE when not ``rope``)."""
+    mixer, ffn = _layer_halves(recipe, _kind(kind, moe_layer=moe_layer, sliding=sliding, rope=rope))
+    return mixer + ffn
+
+
+def ffn_saved_parts(
+    recipe: LayerRecipe,
+    kind: LayerKind | None = None,
+    *,
+    moe_layer: bool = False,
+    sliding: bool = False,
+    rope: bool = True,
+) -> list[Part]:
     """What a layer keeps from its feed-forward half (the pre-MLP norm on): not yet alive while its
-    attention runs in the forward pass, and freed before its attention's backward runs."""
-    return _layer_halves(recipe, moe_layer=moe_layer, sliding=sliding, rope=rope)[1]
+    mixer runs in the forward pass, and freed before its mixer's backward runs."""
+    return _layer_halves(recipe, _kind(kind, moe_layer=moe_layer, sliding=sliding, rope=rope))[1]
 
 
-def _layer_halves(recipe: LayerRecipe, *, moe_layer: bool, sliding: bool, rope: bool) -> tuple[list[Part], list[Part]]:
-    """(attention half, feed-forward half) of :func:`layer_saved_parts`."""
-    spec, style = recipe.spec, recipe.style
+def _layer_halves(recipe: LayerRecipe, kind: LayerKind) -> tuple[list[Part], list[Part]]:
+    """(token-mixing half, feed-forward half) of :func:`layer_saved_parts`; either may be empty."""
     residual = FP32 if recipe.autocast else recipe.compute_bytes
-    h = spec.hidden_size
-    parts: list[Part] = []
     # Under autocast the residual stream is fp32 and every RMSNorm returns fp32: Llama's
     # multiplies its cast-back output by the fp32 weight, Gemma's returns ``output.type_as(x)``.
     norm_out = FP32 if recipe.autocast else recipe.compute_bytes
-    if style.norm == NormStyle.LAYERNORM:
+    if recipe.style.norm == NormStyle.LAYERNORM:
         norm_out = recipe.compute_bytes if not recipe.autocast else FP32
-    if style.pre_attn_norm:
+    mixer, mixer_input = _mixer_half(recipe, kind, residual, norm_out)
+    ffn = _ffn_half(recipe, kind, residual, norm_out, mixer_input)
+    if recipe.spec.hidden_dropout > 0:
+        h = recipe.spec.hidden_size
+        ffn.append(Part(name="residual dropout masks", bytes_per_token=2 * MASK * h, split=SEQUENCE))
+    return mixer, ffn
+
+
+def _mixer_half(recipe: LayerRecipe, kind: LayerKind, residual: int, norm_out: int) -> tuple[list[Part], int]:
+    """The token-mixing half of a layer (pre-norm, mixer, post-norm) and the bytes of the tensor
+    it read (what a parallel MLP reads too). A layer without a mixer has no such half."""
+    if kind.mixer is MixerKind.NONE:
+        return [], residual
+    saved = _MIXER_SAVED.get(kind.mixer)
+    if saved is None:
+        raise InputError(
+            f"model: {recipe.spec.name} has {kind.mixer.value} layers, whose saved activations vramlens does not model"
+        )
+    parts: list[Part] = []
+    h = recipe.spec.hidden_size
+    if recipe.style.pre_attn_norm:
         parts += norm_saved(recipe, h, input_bytes=residual, name="input norm")
-        attn_input = norm_out
+        mixer_input = norm_out
     else:
-        attn_input = residual
-    parts += _attention_parts(recipe, attn_input, sliding=sliding, rope=rope)
-    if style.post_attn_norm:
+        mixer_input = residual
+    parts += saved(recipe, mixer_input, kind)
+    if recipe.style.post_attn_norm:
         parts += norm_saved(recipe, h, input_bytes=recipe.compute_bytes, name="post-attention norm")
-    attention, parts = parts, []
+    return parts, mixer_input
+
+
+def _ffn_half(recipe: LayerRecipe, kind: LayerKind, residual: int, norm_out: int, attn_input: int) -> list[Part]:
+    """The feed-forward half of a layer (pre-norm, MLP or MoE, post-norm); none without an FFN."""
+    if kind.ffn is FfnKind.NONE:
+        return []
+    spec, style = recipe.spec, recipe.style
+    h = spec.hidden_size
+    parts: list[Part] = []
     shared_input = False
     if spec.parallel_residual:
         mlp_input = attn_input
@@ -270,10 +376,8 @@ def _layer_halves(recipe: LayerRecipe, *, moe_layer: bool, sliding: bool, rope: 
         mlp_input = norm_out
     else:
         mlp_input = residual
-    ffn = moe_parts(recipe, mlp_input) if moe_layer else _mlp_parts(recipe, mlp_input)
+    ffn = moe_parts(recipe, mlp_input) if kind.ffn is FfnKind.MOE else _mlp_parts(recipe, mlp_input)
     parts += [p for p in ffn if not (shared_input and p.name == MLP_INPUT)]
     if style.post_mlp_norm:
         parts += norm_saved(recipe, h, input_bytes=recipe.compute_bytes, name="post-MLP norm")
-    if spec.hidden_dropout > 0:
-        parts.append(Part(name="residual dropout masks", bytes_per_token=2 * MASK * h, split=SEQUENCE))
-    return attention, parts
+    return parts

@@ -20,8 +20,9 @@ from vramlens.estimate.qlora import BNB_4BIT_QUANTS, kbit_prepared, unquantized_
 from vramlens.estimate.styles import hf_style
 from vramlens.estimate.vision import tower_targets, vision_frozen_bytes, vision_trained
 from vramlens.estimate.weight_format import format_for_quant
-from vramlens.model.modules import LinearShape, all_layer_linears, layer_linears
-from vramlens.model.params import attention_parameters, mlp_parameters, moe_parameters, norm_parameters
+from vramlens.model.modules import LinearShape, all_layer_linears, layer_kinds, layer_linears
+from vramlens.model.params import ffn_parameters, mixer_parameters, norm_parameters
+from vramlens.model.spec import FfnKind, LayerKind
 from vramlens.workload.options import Method, PipelineSchedule, Quant
 from vramlens.workload.spec import ALL_LINEAR
 
@@ -90,6 +91,26 @@ class ParamLayout:
     targets: frozenset[str]
 
 
+#: Modules PEFT refuses to put LoRA on, by model_type: the Mamba mixers' ``out_proj`` and ``conv1d``
+#: (peft/tuners/tuners_utils.py ``_check_lora_target_modules_mamba``, PEFT 0.21); ``all-linear``
+#: includes ``out_proj``, so it fails there too.
+PEFT_REFUSED = {
+    model_type: frozenset({"out_proj", "conv1d"})
+    for model_type in ("falcon_h1", "mamba", "mamba2", "falcon_mamba", "nemotron_h")
+}
+
+
+def _check_peft(ctx: TrainingContext, chosen: frozenset[str]) -> frozenset[str]:
+    refused = chosen & PEFT_REFUSED.get(ctx.spec.model_type, frozenset())
+    if refused and ctx.profile.adapters_fp32:  # the PEFT-based profile
+        names = {shape.name for shape in all_layer_linears(ctx.spec)} - refused
+        raise InputError(
+            f"lora.targets: PEFT refuses LoRA on {', '.join(sorted(refused))} of {ctx.spec.model_type} models (Mamba "
+            f"layers); list the targets without it, from: {', '.join(sorted(names))}"
+        )
+    return chosen
+
+
 def lora_targets(ctx: TrainingContext) -> frozenset[str]:
     """Module names that get LoRA adapters; errors name ``lora.targets`` for unknown modules. The LM
     head is a target when named (:data:`HEAD_NAMES`); ``all-linear`` leaves it out, as PEFT does."""
@@ -105,7 +126,7 @@ def lora_targets(ctx: TrainingContext) -> frozenset[str]:
                 "returns a tuple, and PEFT's LoRA forward fails; list the modules, e.g. "
                 "[q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]"
             )
-        return frozenset(names | tower)
+        return _check_peft(ctx, frozenset(names | tower))
     chosen = set()
     for target in targets:
         matches = {n for n in names if n == target or n.endswith("." + target)} | tower_targets(ctx.spec, target)
@@ -117,7 +138,7 @@ def lora_targets(ctx: TrainingContext) -> frozenset[str]:
                 f"{', '.join(sorted(names | tower))} and the head (lm_head)"
             )
         chosen |= matches
-    return frozenset(chosen)
+    return _check_peft(ctx, frozenset(chosen))
 
 
 def _quantized_bytes(shape: LinearShape, quant: Quant, tp: int) -> float:
@@ -134,21 +155,25 @@ def effective_quant(ctx: TrainingContext) -> Quant:
     return ctx.workload.quant
 
 
-def _layer_weights(ctx: TrainingContext, moe_layer: bool, targets: frozenset[str]) -> tuple[float, int, int, int, int]:
+def _ffn_elements(ctx: TrainingContext, kind: LayerKind) -> int:
+    """One layer's FFN elements on this rank: routed experts split ``ep x tp`` ways, the router replicated."""
+    tp, ep = ctx.workload.parallel.tp, ctx.workload.parallel.ep
+    counts = ffn_parameters(ctx.spec, kind.ffn)
+    if kind.ffn is FfnKind.MOE:
+        return counts["moe_experts"] // (ep * tp) + counts["moe_shared"] // tp + counts["moe_router"]
+    return sum(counts.values()) // tp
+
+
+def _layer_weights(ctx: TrainingContext, kind: LayerKind, targets: frozenset[str]) -> tuple[float, int, int, int, int]:
     """(frozen bytes, trainable elements, adapter elements, layer elements, largest linear) of one layer."""
     spec, tp, ep = ctx.spec, ctx.workload.parallel.tp, ctx.workload.parallel.ep
     h = spec.hidden_size
-    attn = attention_parameters(spec.attn, h) // tp
-    if moe_layer and spec.moe is not None:
-        routed, shared, router = moe_parameters(spec.moe, h)
-        ffn = routed // (ep * tp) + shared // tp + router
-    else:
-        assert spec.mlp is not None
-        ffn = mlp_parameters(spec.mlp, h) // tp
+    mixer = sum(mixer_parameters(spec, kind.mixer).values()) // tp
     norms = spec.norms_per_layer * norm_parameters(spec.norm, h)
-    elements = attn + ffn + norms
-    shapes = layer_linears(spec, moe_layer=moe_layer)
-    largest = max(s.in_features * s.out_features // tp for s in shapes)
+    elements = mixer + _ffn_elements(ctx, kind) + norms
+    shapes = layer_linears(spec, kind)
+    largest = max((s.in_features * s.out_features // tp for s in shapes), default=0)
+    moe_layer = kind.ffn is FfnKind.MOE
     if ctx.full:
         return 0.0, elements, 0, elements, largest
     quant = effective_quant(ctx)
@@ -250,10 +275,15 @@ def _stage(
     trainable = adapters = 0
     layer_elements = largest = 0
     moe_layers = sum(1 for index in layer_range if ctx.spec.layers[index].moe)
-    for moe, count in ((False, len(layer_range) - moe_layers), (True, moe_layers)):
+    kinds: dict[LayerKind, int] = {}
+    for index in layer_range:
+        kind = ctx.spec.layers[index].kind
+        kinds[kind] = kinds.get(kind, 0) + 1
+    for kind in layer_kinds(ctx.spec):  # dense before MoE: a fixed order of the float sums
+        count = kinds.get(kind, 0)
         if not count:
             continue
-        f, t, a, elements, big = _layer_weights(ctx, moe, targets)
+        f, t, a, elements, big = _layer_weights(ctx, kind, targets)
         frozen, trainable, adapters = frozen + count * f, trainable + count * t, adapters + count * a
         layer_elements, largest = max(layer_elements, elements), max(largest, big)
     edges = _edge_elements(ctx, first=first, last=last)
@@ -331,7 +361,7 @@ def _param_layout(ctx: TrainingContext) -> ParamLayout:
         )
     adapters = sum(
         ctx.workload.lora.rank * (s.in_features + s.out_features)
-        for s in layer_linears(ctx.spec, moe_layer=ctx.spec.layers[0].moe)
+        for s in layer_linears(ctx.spec, ctx.spec.layers[0].kind)
         if s.name in targets
     )
     return ParamLayout(stages=stages, adapters_per_layer=adapters, targets=targets)

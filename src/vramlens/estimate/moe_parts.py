@@ -3,7 +3,17 @@
 from __future__ import annotations
 
 from vramlens.estimate.moe_dense import dense_expert_parts
-from vramlens.estimate.saved_parts import FP32, GATHERED, SEQUENCE, LayerRecipe, Part, gated_saved, lora_parts
+from vramlens.estimate.saved_parts import (
+    FP32,
+    GATHERED,
+    SEQUENCE,
+    LayerRecipe,
+    Part,
+    gated_saved,
+    lora_parts,
+    plain_saved,
+)
+from vramlens.model.components import MlpKind
 from vramlens.model.modules import shared_expert_prefix
 
 __all__ = ["expert_bytes", "moe_parts"]
@@ -34,12 +44,13 @@ def moe_parts(recipe: LayerRecipe, input_bytes: int) -> list[Part]:
     if recipe.style.dense_experts:
         parts = dense_expert_parts(recipe)
     else:
+        if moe.expert_kind is MlpKind.PLAIN:  # up -> act -> down (Nemotron-H's relu2 experts)
+            intermediates = plain_saved(moe.activation, down_keeps_input=trained)
+        else:
+            intermediates = _gate_saved(moe.activation) + down_input
         parts = [
             _router_part(recipe, k, e),
-            Part(
-                name="experts gate/up outputs and activation",
-                bytes_per_token=(_gate_saved(moe.activation) + down_input) * x * i * k * c,
-            ),
+            Part(name="experts gate/up outputs and activation", bytes_per_token=intermediates * x * i * k * c),
             Part(name="experts output (weighted by the router)", bytes_per_token=x * h * k * c, split=SEQUENCE),
         ]
         if trained:
@@ -141,9 +152,14 @@ def _shared_expert_parts(recipe: LayerRecipe) -> list[Part]:
     moe = recipe.spec.moe
     assert moe is not None
     a, width = recipe.compute_bytes, moe.shared_intermediate_size
-    parts = [Part(name="shared expert activations", bytes_per_token=gated_saved(moe.activation) * a * width)]
-    if any(s.group == "mlp_out" and s.name in recipe.train.needs_input for s in recipe.linears):
-        parts.append(Part(name="shared expert down input", bytes_per_token=a * width))
+    down_keeps = any(s.group == "mlp_out" and s.name in recipe.train.needs_input for s in recipe.linears)
+    if moe.shared_kind is MlpKind.PLAIN:  # the activation's output is the down projection's input
+        kept = plain_saved(moe.activation, down_keeps_input=down_keeps)
+        parts = [Part(name="shared expert activation (and down input)", bytes_per_token=kept * a * width)]
+    else:
+        parts = [Part(name="shared expert activations", bytes_per_token=gated_saved(moe.activation) * a * width)]
+        if down_keeps:
+            parts.append(Part(name="shared expert down input", bytes_per_token=a * width))
     # LoRA adapters on the shared expert's projections (the dense MLP's are counted in dense layers).
     parts += lora_parts(recipe, "mlp_in", recipe.spec.hidden_size, input_bytes=a, shared_expert=True)
     parts += lora_parts(recipe, "mlp_out", width, input_bytes=a, shared_expert=True)

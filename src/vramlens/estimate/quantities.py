@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 
 from vramlens.categories import Category
 from vramlens.estimate.context import TrainingContext
-from vramlens.estimate.frameworks import MixedStyle
-from vramlens.estimate.fsdp import Unsharded, casts_outputs, fsdp_memory
+from vramlens.estimate.fsdp import Unsharded, fsdp_memory
 from vramlens.estimate.layout import EMBED_NAMES, StageView, effective_quant, micro_batches_in_flight
 from vramlens.estimate.logits import LogitsMemory, logits_memory
 from vramlens.estimate.lora_head import training_lora_head, with_lora_head
+from vramlens.estimate.loss_outputs import fp32_model_outputs, loss_chunks, model_logits_bytes
+from vramlens.estimate.mixers import mixer_backward_working
 from vramlens.estimate.offload import gradient_buffers
 from vramlens.estimate.optimizers import OptimizerModel, optimizer_model
 from vramlens.estimate.qlora import dequantized_bytes, with_head_weight_cast
@@ -28,7 +29,7 @@ from vramlens.report.model import Term
 from vramlens.units import format_bytes
 from vramlens.workload.options import Framework, Method, Offload, PipelineSchedule, Quant, Recompute, Shard
 
-__all__ = ["StageMemory", "fp32_model_outputs", "stage_memory"]
+__all__ = ["StageMemory", "stage_memory"]
 
 _PARAM_SHARDED = {Shard.ZERO3, Shard.FSDP, Shard.HSDP}
 _GRAD_SHARDED = _PARAM_SHARDED | {Shard.ZERO2}
@@ -239,6 +240,8 @@ def _working_sets(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str
     recompute = ctx.workload.recompute in (Recompute.FULL, Recompute.OFFLOAD) and mem.recompute > 0
     adapter_sum, adapter_grad = _adapter_transients(ctx, targets, inner)
     backward = a * (inner + h) + adapter_grad if recompute else a * (2 * inner + 2 * h)
+    mixers = {spec.layers[index].mixer for index in mem.stage.layer_range}
+    backward = max(backward, mixer_backward_working(spec, mixers, seq=ctx.workload.seq, compute_bytes=a))
     forward = (a * h + 2 * a * inner + adapter_sum) if recompute else max(4 * h + a * h, adapter_sum)
     # Eager attention's score tensors come and go apart from the MLP's intermediates; a recomputed
     # layer's forward runs inside the backward pass, its kept tensors counted as the transient.
@@ -330,24 +333,6 @@ def _optimizer_temporaries(ctx: TrainingContext, mem: StageMemory) -> None:
     )
 
 
-def fp32_model_outputs(ctx: TrainingContext) -> bool:
-    """The logits the loop keeps are fp32: accelerate converts the outputs of an autocast model
-    (unless FSDP2's root casts them back), or transformers before 4.46 up-cast them in the
-    forward (:data:`vramlens.estimate.versions.VERSION_RULES` ``loss_upcast``)."""
-    converted = ctx.workload.precision.mixed and ctx.profile.mixed is MixedStyle.AUTOCAST and not casts_outputs(ctx)
-    upcast = ctx.profile.name in (Framework.HF, Framework.PLAIN) and older_than(ctx.workload.versions, "loss_upcast")
-    return converted or upcast
-
-
-def _loss_chunks(ctx: TrainingContext) -> float:
-    """Tokens over those of the largest loss chunk (LitGPT's fixed-length chunks: seq / min(seq, positions))."""
-    positions = ctx.profile.chunked_loss_positions
-    if positions is None:
-        return ctx.profile.chunked_loss_chunks
-    seq = ctx.workload.seq / ctx.workload.parallel.cp
-    return seq / min(seq, positions)
-
-
 def stage_memory(ctx: TrainingContext, stage: StageView, targets: frozenset[str]) -> StageMemory:
     """Every quantity of one pipeline stage."""
     mem = StageMemory(stage=stage)
@@ -379,15 +364,15 @@ def logits_terms(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str]
         tokens=ctx.tokens,
         vocab=ctx.spec.vocab_size // tp,
         hidden=ctx.spec.hidden_size,
-        logits_bytes=ctx.compute_bytes,
+        logits_bytes=model_logits_bytes(ctx),
         keeps_logits=ctx.profile.keeps_logits,
-        chunks=_loss_chunks(ctx),
+        chunks=loss_chunks(ctx),
         kept_bytes=4 if fp32_outputs else None,
         loss_parallel=tp > 1 and ctx.profile.name is Framework.TORCHTITAN,
         compiled=ctx.compiled_loss,
         softcap=ctx.spec.final_logit_softcap is not None,
     )
-    if (head := training_lora_head(ctx, targets, loss_chunks=_loss_chunks(ctx))) is not None:
+    if (head := training_lora_head(ctx, targets, loss_chunks=loss_chunks(ctx))) is not None:
         mem.logits = with_lora_head(mem.logits, head, ctx.tokens)
         mem.non_layer += mem.add("LoRA head input (saved)", Category.ACTIVATIONS, head.saved * ctx.tokens, head.formula)
     mem.add("logits and loss (at the loss)", Category.TEMPORARY, mem.logits.forward_end, mem.logits.formula)

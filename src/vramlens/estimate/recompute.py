@@ -9,16 +9,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from vramlens.errors import InputError
 from vramlens.estimate._memo import memo
 from vramlens.estimate.activations import ffn_saved_parts, layer_saved_parts
 from vramlens.estimate.context import TrainingContext
 from vramlens.estimate.eager_attention import eager_transients
 from vramlens.estimate.frameworks import NormImpl
+from vramlens.estimate.mixers import KERNEL_ASSUMPTION, STATE_MIXERS
 from vramlens.estimate.qlora import adapter_inputs_shared, base_output_bytes, kbit_prepared
 from vramlens.estimate.saved_parts import GATHERED, HEADS, SEQUENCE, LayerRecipe, Part, TrainState
 from vramlens.estimate.styles import hf_style
 from vramlens.model.modules import all_layer_linears
-from vramlens.model.spec import LayerSpec
+from vramlens.model.spec import FfnKind, LayerKind, LayerSpec, MixerKind
 from vramlens.workload.options import AttentionImpl, Framework, Method, Recompute
 from vramlens.workload.spec import ALL_LINEAR
 
@@ -86,32 +88,33 @@ def _per_token(parts: list[Part], tp: int, sequence_parallel: bool) -> float:
     return sum(p.bytes_per_token / divisor[p.split] for p in parts)
 
 
-def _selective_titan(recipe: LayerRecipe, moe_layer: bool) -> float:
+def _selective_titan(recipe: LayerRecipe, kind: LayerKind) -> float:
     """torchtitan op-level SAC: keeps the layer input, every other matmul output and the SDPA outputs."""
+    if kind.mixer is not MixerKind.ATTENTION:  # the op-level policy is torchtitan's for its attention models
+        raise InputError(
+            f"framework: torchtitan's selective recompute is modelled for attention layers; {recipe.spec.name} has "
+            f"{kind.mixer.value} layers (use framework hf or recompute full)"
+        )
     spec, a = recipe.spec, recipe.compute_bytes
     q = spec.num_heads * spec.head_dim
     kv = spec.num_kv_heads * spec.head_dim
     inner = (
         spec.moe.expert_intermediate_size * spec.moe.experts_per_token
-        if (moe_layer and spec.moe)
+        if (kind.ffn is FfnKind.MOE and spec.moe)
         else (spec.mlp.intermediate_size if spec.mlp else 0)
     )
     return a * (2 * spec.hidden_size + 2 * q + kv + inner) + 4 * spec.num_heads
 
 
-def layer_kind(layer: LayerSpec, seq: int) -> tuple[bool, bool, bool]:
-    """What decides a layer's saved tensors at sequence length ``seq``: (MoE, masked attention, rotary).
-
-    A window at least as long as the sequence is plain causal attention: transformers then
-    passes no mask to SDPA (``_ignore_causal_mask_sdpa``); an attention chunk masks once the
-    keys reach its size (``kv_length >= local_attention_size``)."""
-    masked = (layer.window is not None and layer.window < seq) or (layer.chunk is not None and layer.chunk <= seq)
-    return layer.moe, masked, layer.rope
+def layer_kind(layer: LayerSpec, seq: int) -> LayerKind:
+    """What decides a layer's saved tensors at sequence length ``seq``: its mixer, its FFN, whether
+    its attention is masked and whether it is rotary (:meth:`vramlens.model.components.LayerSpec.kind_at`)."""
+    return layer.kind_at(seq)
 
 
-def _kinds(ctx: TrainingContext, layer_range: range) -> dict[tuple[bool, bool, bool], int]:
+def _kinds(ctx: TrainingContext, layer_range: range) -> dict[LayerKind, int]:
     """Count this rank's layers by :func:`layer_kind`."""
-    counts: dict[tuple[bool, bool, bool], int] = {}
+    counts: dict[LayerKind, int] = {}
     for index in layer_range:
         key = layer_kind(ctx.spec.layers[index], ctx.workload.seq)
         counts[key] = counts.get(key, 0) + 1
@@ -166,10 +169,9 @@ def _layer_activations(
     sp = tp > 1
     kinds = _kinds(ctx, layer_range)
     layers = len(layer_range)
-    full = {
-        key: _per_token(layer_saved_parts(recipe, moe_layer=key[0], sliding=key[1], rope=key[2]), tp, sp)
-        for key in kinds
-    }
+    if any(key.mixer in STATE_MIXERS for key in kinds):
+        notes.append(KERNEL_ASSUMPTION)
+    full = {key: _per_token(layer_saved_parts(recipe, key), tp, sp) for key in kinds}
     total_full = sum(full[key] * count for key, count in kinds.items())
     largest = max(full.values()) if full else 0.0
     policy = ctx.workload.recompute
@@ -187,20 +189,17 @@ def _layer_activations(
             "recompute offload: checkpointed layer inputs live in CPU memory; two layers' inputs in flight on the GPU"
         )
     elif ctx.profile.name is Framework.TORCHTITAN:
-        saved = sum(_selective_titan(recipe, key[0]) / tp * count for key, count in kinds.items())
+        saved = sum(_selective_titan(recipe, key) / tp * count for key, count in kinds.items())
         transient = largest
     else:
         flash = replace(recipe, attention=AttentionImpl.FLASH)
-        kept = {
-            key: _per_token(layer_saved_parts(flash, moe_layer=key[0], sliding=key[1], rope=key[2]), tp, sp)
-            for key in kinds
-        }
+        kept = {key: _per_token(layer_saved_parts(flash, key), tp, sp) for key in kinds}
         saved = sum(kept[key] * count for key, count in kinds.items())
         # What one layer re-creates in backward: its attention internals beyond what is kept.
         transient = max((max(0.0, full[key] - kept[key]) for key in kinds), default=0.0)
         notes.append("recompute selective: the attention core is recomputed; projections and MLP outputs are kept")
-    example = max(kinds, key=lambda key: full[key]) if kinds else (False, False, True)
-    parts = tuple(layer_saved_parts(recipe, moe_layer=example[0], sliding=example[1], rope=example[2]))
+    example = max(kinds, key=lambda key: full[key]) if kinds else LayerKind()
+    parts = tuple(layer_saved_parts(recipe, example))
     masks = _mask_bytes(ctx, recipe, kinds)
     # Eager adds its masks to the scores and SDPA turns them into a per-call bias: autograd keeps
     # neither; they live in the model's forward until it returns, unless a checkpoint keeps them
@@ -215,35 +214,45 @@ def _layer_activations(
     )
 
 
-def _mask_bytes(ctx: TrainingContext, recipe: LayerRecipe, kinds: dict[tuple[bool, bool, bool], int]) -> float:
-    """Materialized 4-D attention masks ([batch, 1, seq, seq], one per mask kind, shared by all layers):
-    eager attention always builds them, additive in the compute dtype; SDPA only for sliding-window
-    layers, boolean (``masking_utils.sdpa_mask``: one byte per element); flash attention
-    (flash_attention_2, which applies the window itself) never."""
-    sliding = any(key[1] for key in kinds)
+def _mask_bytes(ctx: TrainingContext, recipe: LayerRecipe, kinds: dict[LayerKind, int]) -> float:
+    """Materialized 4-D attention masks ([batch, 1, seq, seq], one per mask kind, shared by the attention
+    layers): eager attention always builds them, additive in the compute dtype; SDPA only for masked
+    (sliding-window or chunked) layers, boolean (``masking_utils.sdpa_mask``: one byte per element);
+    flash attention (flash_attention_2, which applies the window itself) never. Layers without
+    attention (Mamba, linear attention) read no 4-D mask."""
+    attending = [key for key in kinds if key.attends]
+    if not attending:
+        return 0.0
+    sliding = any(key.sliding for key in attending)
     if recipe.attention is AttentionImpl.EAGER:
-        count = 2 if sliding and len({key[1] for key in kinds}) > 1 else 1
+        count = 2 if sliding and len({key.sliding for key in attending}) > 1 else 1
         return count * recipe.compute_bytes * recipe.seq
     count = 1 if sliding and recipe.attention is not AttentionImpl.FLASH else 0
     return count * recipe.seq
 
 
 def eager_attention_working(ctx: TrainingContext, state: TrainState, layer_range: range) -> tuple[float, float, float]:
-    """Eager attention's score tensors in the last layer of ``layer_range``, bytes per token on one rank:
-    (forward beyond the kept probabilities, backward, forward with nothing kept), each less that
-    layer's feed-forward half, which is not yet alive when its attention runs forward and already
-    freed when its attention runs backward (see :mod:`vramlens.estimate.eager_attention`)."""
-    if ctx.attention is not AttentionImpl.EAGER or not layer_range:
+    """Eager attention's score tensors in the last attention layer of ``layer_range``, bytes per token on
+    one rank: (forward beyond the kept probabilities, backward, forward with nothing kept), the first two
+    less what that layer's feed-forward half and the layers after it keep (not yet alive when its
+    attention runs forward, already freed when its attention runs backward; a hybrid's last layers may
+    be Mamba or linear attention). See :mod:`vramlens.estimate.eager_attention`."""
+    if ctx.attention is not AttentionImpl.EAGER:
+        return 0.0, 0.0, 0.0
+    attending = [index for index in layer_range if ctx.spec.layers[index].attends]
+    if not attending:
         return 0.0, 0.0, 0.0
     workload = ctx.workload
     tp = workload.parallel.tp
     recipe = _recipe(ctx, state, [])
-    layer = ctx.spec.layers[layer_range[-1]]
-    sliding = layer.window is not None and layer.window < workload.seq
-    ffn = _per_token(ffn_saved_parts(recipe, moe_layer=layer.moe, sliding=sliding), tp, tp > 1)
+    last = attending[-1]
+    after = _per_token(ffn_saved_parts(recipe, layer_kind(ctx.spec.layers[last], workload.seq)), tp, tp > 1)
+    if workload.recompute is Recompute.NONE:  # under recompute later layers keep only their checkpoints
+        for index in range(last + 1, layer_range[-1] + 1):
+            after += _per_token(layer_saved_parts(recipe, layer_kind(ctx.spec.layers[index], workload.seq)), tp, tp > 1)
     a, autocast, seq = recipe.compute_bytes, recipe.autocast, recipe.seq
     over_kept, backward = eager_transients(ctx.spec, recipe.style, compute_bytes=a, autocast=autocast, seq=seq, tp=tp)
     everything = eager_transients(
         ctx.spec, recipe.style, compute_bytes=a, autocast=autocast, seq=seq, tp=tp, kept=False
     )[0]
-    return max(0.0, over_kept - ffn), max(0.0, backward - ffn), everything
+    return max(0.0, over_kept - after), max(0.0, backward - after), everything

@@ -32,8 +32,9 @@ from vramlens.allocator import AllocatorSettings
 from vramlens.allocator.pattern import pattern_peaks
 from vramlens.estimate.context import TrainingContext
 from vramlens.estimate.lora_head import training_lora_head, with_head_script
+from vramlens.estimate.loss_outputs import fp32_model_outputs, model_logits_bytes
 from vramlens.estimate.loss_pattern import LossScript, loss_script
-from vramlens.estimate.quantities import StageMemory, fp32_model_outputs
+from vramlens.estimate.quantities import StageMemory
 from vramlens.estimate.step_pattern import step_pattern
 from vramlens.estimate.step_shape import StepShape, step_shape
 from vramlens.workload.options import Framework, Shard
@@ -108,7 +109,7 @@ def training_loss_script(ctx: TrainingContext, mem: StageMemory, targets: frozen
     if not mem.stage.last:
         return LossScript(forward=(), backward=())
     spec, tp = ctx.spec, ctx.workload.parallel.tp
-    a = ctx.compute_bytes
+    a = model_logits_bytes(ctx)
     kept = (4 if fp32_model_outputs(ctx) else a) if ctx.profile.keeps_logits else 0
     positions = ctx.profile.chunked_loss_positions
     seq = ctx.workload.seq // ctx.workload.parallel.cp

@@ -172,7 +172,11 @@ def lora_parts(
     parts = []
     uncast = False
     for shape in recipe.linears:
-        if shape.group != group or shape.name not in train.adapters or is_shared_expert(shape) != shared_expert:
+        if (
+            shape.group != group
+            or shape.name not in train.adapters
+            or is_shared_expert(recipe.spec, shape) != shared_expert
+        ):
             continue
         autocast = recipe.autocast or recipe.autocast_adapters
         cast = recipe.compute_bytes if autocast else train.adapter_bytes

@@ -25,6 +25,7 @@ from vramlens.estimate.recompute import layer_activations, train_state
 from vramlens.estimate.saved_parts import GATHERED, HEADS, SEQUENCE
 from vramlens.model.modules import layer_linears
 from vramlens.model.params import norm_parameters
+from vramlens.model.spec import LayerKind
 from vramlens.workload.options import OptimizerImpl, Recompute, Shard
 
 __all__ = ["StepShape", "step_shape"]
@@ -83,18 +84,18 @@ class StepShape:
     in_backward: bool
 
 
-def _layer_weights(ctx: TrainingContext, moe_layer: bool, layer_elements: int) -> list[int]:
-    """Elements of each weight of one layer on this rank: linears (and biases), norms, and the
-    rest (routed experts as fused 3-D gate/up and down tensors, the router) in two tensors
-    (memoized on the spec)."""
-    key = ("step-layer-weights", moe_layer, layer_elements, ctx.workload.parallel.tp)
-    return memo(ctx.spec, key, lambda: _weights_of_layer(ctx, moe_layer, layer_elements))
+def _layer_weights(ctx: TrainingContext, kind: LayerKind, layer_elements: int) -> list[int]:
+    """Elements of each weight of one layer of ``kind`` on this rank: linears (and biases), norms, and
+    the rest (routed experts as fused 3-D gate/up and down tensors, the router; a state mixer's
+    convolution and vectors) in two tensors (memoized on the spec)."""
+    key = ("step-layer-weights", kind, layer_elements, ctx.workload.parallel.tp)
+    return memo(ctx.spec, key, lambda: _weights_of_layer(ctx, kind, layer_elements))
 
 
-def _weights_of_layer(ctx: TrainingContext, moe_layer: bool, layer_elements: int) -> list[int]:
+def _weights_of_layer(ctx: TrainingContext, kind: LayerKind, layer_elements: int) -> list[int]:
     spec, tp = ctx.spec, ctx.workload.parallel.tp
     weights: list[int] = []
-    for s in layer_linears(spec, moe_layer=moe_layer):
+    for s in layer_linears(spec, kind):
         weights.append(s.in_features * s.out_features // tp)
         if s.bias:
             weights.append(s.out_features // tp)
@@ -105,27 +106,27 @@ def _weights_of_layer(ctx: TrainingContext, moe_layer: bool, layer_elements: int
     return weights
 
 
-def _adapters(ctx: TrainingContext, moe_layer: bool, targets: frozenset[str]) -> list[int]:
-    """Elements of the LoRA A (r x in) and B (out x r) matrices of one layer."""
+def _adapters(ctx: TrainingContext, kind: LayerKind, targets: frozenset[str]) -> list[int]:
+    """Elements of the LoRA A (r x in) and B (out x r) matrices of one layer of ``kind``."""
     rank, tp = ctx.workload.lora.rank, ctx.workload.parallel.tp
     found: list[int] = []
-    for s in layer_linears(ctx.spec, moe_layer=moe_layer):
+    for s in layer_linears(ctx.spec, kind):
         if s.name in targets:
             found.extend([rank * s.in_features, s.out_features // tp * rank])
     return found
 
 
-def _kinds(ctx: TrainingContext, stage: StageView) -> list[bool]:
-    """The MoE flag of each layer kind, in order: two kinds where layers alternate (MoE and dense,
-    sliding and global attention), else one (memoized on the spec)."""
+def _kinds(ctx: TrainingContext, stage: StageView) -> list[LayerKind]:
+    """The (mixer, FFN) kind of each layer kind, in order: two kinds where layers alternate (MoE and
+    dense, sliding and global attention, Mamba and attention), else one (memoized on the spec)."""
     return memo(ctx.spec, ("step-layer-kinds", stage.layer_range), lambda: _layer_kinds(ctx, stage))
 
 
-def _layer_kinds(ctx: TrainingContext, stage: StageView) -> list[bool]:
-    flags = [ctx.spec.layers[i].moe for i in stage.layer_range]
+def _layer_kinds(ctx: TrainingContext, stage: StageView) -> list[LayerKind]:
+    kinds = [ctx.spec.layers[i].kind for i in stage.layer_range]
     windows = [ctx.spec.layers[i].window for i in stage.layer_range]
-    period = 2 if len(set(zip(flags, windows, strict=True))) > 1 else 1
-    return flags[:period] or [False]
+    period = 2 if len(set(zip(kinds, windows, strict=True))) > 1 else 1
+    return kinds[:period] or [LayerKind()]
 
 
 def _saved(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str]) -> tuple[list[int], list[int]]:
@@ -172,8 +173,8 @@ def step_shape(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str], 
     leaves the decoder layers' lists empty (the vocabulary-sized tensors alone)."""
     stage, parallel, spec = mem.stage, ctx.workload.parallel, ctx.spec
     d_param = ctx.shard_group if parallel.shard in _PARAM_SHARDED else 1
-    flags = _kinds(ctx, stage) if layers else []
-    layer_params, layer_trained = _layer_tensors(ctx, stage, targets, flags, d_param)
+    kinds = _kinds(ctx, stage) if layers else []
+    layer_params, layer_trained = _layer_tensors(ctx, stage, targets, kinds, d_param)
     table = spec.vocab_size * spec.hidden_size // parallel.tp
     edges = [table] if stage.first else []
     if stage.last and not (spec.tie_word_embeddings and stage.first):
@@ -199,7 +200,7 @@ def step_shape(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str], 
         state_bytes=group.state_bytes if group is not None else ctx.state_bytes,
         master_bytes=ctx.master_bytes,
         **_optimizer_fields(ctx),
-        saved=tuple(tuple(saved) for _ in flags) or ((),),
+        saved=tuple(tuple(saved) for _ in kinds) or ((),),
         recomputed=tuple(recomputed),
         casts=tuple(w * a for w in layer_trained[0] if w > spec.hidden_size) if full_cast and layers else (),
         casts_kept=ctx.workload.recompute is Recompute.NONE,
@@ -220,19 +221,19 @@ def step_shape(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str], 
 
 
 def _layer_tensors(
-    ctx: TrainingContext, stage: StageView, targets: frozenset[str], flags: list[bool], d_param: int
+    ctx: TrainingContext, stage: StageView, targets: frozenset[str], kinds: list[LayerKind], d_param: int
 ) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
     """(resident weights in bytes, trained tensors in elements) of each layer kind."""
     layer_params, layer_trained = [], []
-    for moe in flags:
-        weights = _layer_weights(ctx, moe, stage.layer_elements)
+    for kind in kinds:
+        weights = _layer_weights(ctx, kind, stage.layer_elements)
         if ctx.full:
             layer_params.append(tuple(w * ctx.param_bytes // d_param for w in weights))
             layer_trained.append(tuple(weights))
         else:
             frozen = stage.frozen_bytes / max(stage.layers, 1) / max(sum(weights), 1)
             layer_params.append(tuple(int(w * frozen) // d_param for w in weights if w))
-            layer_trained.append(tuple(_adapters(ctx, moe, targets)))
+            layer_trained.append(tuple(_adapters(ctx, kind, targets)))
     return layer_params, layer_trained
 
 

@@ -88,6 +88,9 @@ class HfStyle:
     all_linear_lora: bool = True
     """PEFT's ``all-linear`` LoRA runs on this family. Llama 4's ``Llama4Router`` subclasses
     ``nn.Linear`` but returns a tuple: PEFT wraps it and its forward fails."""
+    logits_fp32: bool = False
+    """The model's forward returns float32 logits (Nemotron-H: ``self.lm_head(hidden_states).float()``),
+    which the loss and the kept ``outputs.logits`` then hold."""
 
 
 HF_STYLES: Final[dict[str, HfStyle]] = {
@@ -141,6 +144,11 @@ HF_STYLES: Final[dict[str, HfStyle]] = {
     "qwen3_vl_moe": HfStyle(),
     "mistral3": HfStyle(),
     "ministral3": HfStyle(),
+    "qwen3_next": HfStyle(norm=NormStyle.GEMMA, out_proj_copy=True),
+    "jamba": HfStyle(),
+    "falcon_h1": HfStyle(),
+    "nemotron_h": HfStyle(norm=NormStyle.RMS_FP32_WEIGHT, router_fp32=True, logits_fp32=True),
+    "granitemoehybrid": HfStyle(),
 }
 
 

@@ -5,8 +5,8 @@ Counting rules (one multiply-add = 2 FLOPs; Kaplan et al. 2020, Narayanan et al.
 * Forward matmuls: ``2 x`` the active matmul parameters per token (every decoder linear,
   the router and the visited experts of MoE layers, and the LM head, which multiplies by
   ``V x h`` even when tied to the embedding). Embedding lookups and norms are not matmuls.
-* Attention core (``QK^T`` and ``PV``): ``2 x H x (d_qk + d_v)`` FLOPs per attended key per
-  token per layer, i.e. ``4 x s x d`` with ``d = H x head_dim``; causal masking halves it
+* Token-mixing core: attention (``QK^T`` and ``PV``) ``2 x H x (d_qk + d_v)`` FLOPs per attended key per
+  token per layer (Mamba and linear-attention layers: their scan, :func:`scan_flops`), i.e. ``4 x s x d`` with ``d = H x head_dim``; causal masking halves it
   (``s/2`` keys on average), a sliding window ``w < s`` attends ``w - w^2/(2s)`` on average.
 * Backward: full fine-tuning costs ``2x`` forward (input and weight gradients). Frozen
   weights (LoRA, QLoRA, freeze) only need input gradients, ``1x`` their forward, and only
@@ -22,8 +22,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from vramlens.model.components import MAMBA_MIXERS
 from vramlens.model.params import expert_parameters
-from vramlens.model.spec import MlpKind, ModelSpec
+from vramlens.model.spec import MixerKind, MlpKind, ModelSpec
 from vramlens.workload.options import Method, Recompute
 from vramlens.workload.spec import ALL_LINEAR, Workload
 
@@ -33,6 +34,7 @@ __all__ = [
     "attention_core_flops",
     "layer_matmul_parameters",
     "micro_batch_flops",
+    "scan_flops",
     "trainable_parameters",
 ]
 
@@ -73,13 +75,28 @@ def _attended_keys(seq: int, window: int | None) -> float:
 
 
 def attention_core_flops(spec: ModelSpec, seq: int) -> float:
-    """Forward FLOPs of ``QK^T`` and ``PV`` per token, summed over layers."""
+    """Forward FLOPs per token of the token-mixing cores, summed over layers: ``QK^T`` and ``PV``
+    in the layers that attend, plus the scans of the layers with a state (:func:`scan_flops`)."""
     att = spec.attn
     if att.mla is not None:
         width = att.num_heads * (att.mla.qk_head_dim + att.mla.v_head_dim)
     else:
         width = att.num_heads * 2 * att.head_dim
-    return sum(2.0 * width * _attended_keys(seq, layer.window) for layer in spec.layers)
+    attention = sum(2.0 * width * _attended_keys(seq, layer.window) for layer in spec.layers if layer.attends)
+    return attention + sum(scan_flops(spec, layer.mixer) for layer in spec.layers)
+
+
+def scan_flops(spec: ModelSpec, mixer: MixerKind) -> float:
+    """Forward FLOPs per token of one layer's recurrent scan, beside its projections (counted as
+    matmul parameters): a selective scan updates and reads a ``d_inner x N`` state per token,
+    about ``6 d_inner N`` (discretize, update, read: Gu & Dao, arXiv:2312.00752 §3.3); the gated
+    delta rule updates and reads a ``dk x dv`` state per value head, about ``6 Hv dk dv``. 0 for
+    attention and for layers without a mixer."""
+    if mixer in MAMBA_MIXERS and spec.mamba is not None:
+        return 6.0 * spec.mamba.recurrent_state_elements
+    if mixer is MixerKind.LINEAR_ATTENTION and spec.linear_attention is not None:
+        return 6.0 * spec.linear_attention.recurrent_state_elements
+    return 0.0
 
 
 def _linear_shapes(spec: ModelSpec) -> dict[str, tuple[int, int, int]]:

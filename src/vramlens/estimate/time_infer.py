@@ -57,7 +57,7 @@ def _kv_bytes_per_token(spec: ModelSpec, workload: Workload, context: float) -> 
     element = 1 if workload.kv_dtype is KvDtype.FP8 else wide
     att = spec.attn
     per_token = (att.mla.kv_lora_rank + att.mla.qk_rope_head_dim) if att.mla else 2 * att.num_kv_heads * att.head_dim
-    limits = [layer_kv_limit(layer) for layer in spec.layers]
+    limits = [layer_kv_limit(layer) for layer in spec.layers if layer.attends]
     held = sum(min(context, limit) if limit else context for limit in limits)
     return per_token * element * held
 

@@ -8,7 +8,7 @@
   sliding) and whether the FFN is dense or MoE.
 * :class:`NormSpec`, :class:`PositionSpec` - normalisation and positions.
 * :class:`VisionSpec` - a multimodal model's vision tower and projector, with the
-  :class:`TowerLinear` modules LoRA can target in them.
+  :class:`TowerLinear` modules LoRA can target in them (defined in :mod:`vramlens.model.vision`).
 
 Each is a frozen, keyword-only dataclass validated in ``__post_init__``; a bad
 value raises :class:`~vramlens.errors.ConfigError` naming the field.
@@ -20,10 +20,16 @@ from dataclasses import dataclass, field
 
 from vramlens._compat import StrEnum
 from vramlens.errors import ConfigError
+from vramlens.model.vision import PROJECTOR, VISION_TOWER, TowerLinear, VisionSpec
 
 __all__ = [
+    "ATTENDING_MIXERS",
+    "MAMBA_MIXERS",
+    "PROJECTOR",
+    "VISION_TOWER",
     "AttentionSpec",
     "FfnKind",
+    "LayerKind",
     "LayerSpec",
     "MlaSpec",
     "MlpKind",
@@ -84,8 +90,17 @@ class MixerKind(StrEnum):
     """Linear attention with a recurrent state (gated DeltaNet): a state per sequence."""
     MAMBA = "mamba"
     """A selective state-space mixer (Mamba 1/2): convolution and SSM states per sequence."""
+    ATTENTION_AND_MAMBA = "attention+mamba"
+    """Attention and a Mamba mixer side by side on the same normed input, their outputs summed
+    (Falcon-H1): a KV cache per token and a state per sequence in every layer."""
     NONE = "none"
     """No token mixer: the layer is only a feed-forward block (Nemotron-H's MLP/MoE blocks)."""
+
+
+#: Mixers that include softmax attention (and so a KV cache, masks and an attention kernel).
+ATTENDING_MIXERS = frozenset({MixerKind.ATTENTION, MixerKind.ATTENTION_AND_MAMBA})
+#: Mixers that include a Mamba mixer (a convolution and an SSM state per sequence).
+MAMBA_MIXERS = frozenset({MixerKind.MAMBA, MixerKind.ATTENTION_AND_MAMBA})
 
 
 class FfnKind(StrEnum):
@@ -182,6 +197,9 @@ class AttentionSpec:
     """Attention-probability dropout during training."""
     sinks: bool = False
     """A learned sink logit per head joins every softmax (gpt-oss): ``num_heads`` more parameters."""
+    output_gate: bool = False
+    """The query projection also yields a per-head gate, ``o_proj(attn * sigmoid(gate))``
+    (Qwen3-Next): ``q_proj`` is ``h -> 2 x heads x head_dim``."""
     clip_qkv: bool = False
     """Queries, keys and values are clamped in place (OLMoE ``clip_qkv``): autograd keeps a copy of each."""
 
@@ -244,6 +262,10 @@ class MoeSpec:
     """Number of shared experts folded into ``shared_intermediate_size`` (informational)."""
     shared_expert_gate: bool = False
     """A sigmoid gate Linear(h, 1) scaling the shared expert (Qwen2-MoE)."""
+    shared_kind: MlpKind = MlpKind.GATED
+    """Shape of the shared expert (Nemotron-H's is a plain up/down MLP)."""
+    shared_bias: bool = False
+    """Biases on the shared expert's projections (Nemotron-H with ``mlp_bias``)."""
     router_score_bias: bool = False
     """A per-expert score-correction bias kept as a buffer, not a parameter (DeepSeek-V3)."""
     router_bias: bool = False
@@ -261,6 +283,40 @@ class MoeSpec:
             f"moe.experts_per_token: must be between 1 and num_experts ({self.num_experts}), got {self.experts_per_token}",
         )
         _require(self.shared_intermediate_size >= 0, "moe.shared_intermediate_size: must not be negative")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LayerKind:
+    """What decides a decoder layer's parameters and activations: its token mixer, its feed-forward
+    block, and (for the estimator, which knows the sequence) whether its attention is masked by a
+    window or chunk and whether it applies rotary embeddings.
+
+    Estimator terms are registries keyed by the mixer and the FFN kind; a kind without an entry
+    is refused in one line, never counted as another kind."""
+
+    mixer: MixerKind = MixerKind.ATTENTION
+    ffn: FfnKind = FfnKind.DENSE
+    sliding: bool = False
+    """The attention is masked: a sliding window shorter than the sequence, or an attention chunk
+    the keys reach (Llama 4); attention layers only."""
+    rope: bool = True
+    """The attention applies rotary embeddings (False for a NoPE layer: Llama 4's global layers)."""
+
+    @property
+    def attends(self) -> bool:
+        """The mixer includes softmax attention."""
+        return self.mixer in ATTENDING_MIXERS
+
+    @property
+    def structure(self) -> LayerKind:
+        """The kind without the estimator's per-sequence flags: what decides the layer's modules and parameters."""
+        return LayerKind(mixer=self.mixer, ffn=self.ffn)
+
+    @property
+    def label(self) -> str:
+        """A short name for messages: ``attention+moe``, ``mamba+dense``, ``attention+moe (sliding, NoPE)``."""
+        flags = [name for name, on in (("sliding", self.sliding), ("NoPE", not self.rope)) if on]
+        return f"{self.mixer.value}+{self.ffn.value}" + (f" ({', '.join(flags)})" if flags else "")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -282,7 +338,7 @@ class LayerSpec:
         _require(self.window is None or self.window > 0, "layer.window: must be a positive integer or null")
         _require(self.chunk is None or self.chunk > 0, "layer.chunk: must be a positive integer or null")
         _require(
-            self.mixer is MixerKind.ATTENTION or (self.window is None and self.chunk is None),
+            self.mixer in ATTENDING_MIXERS or (self.window is None and self.chunk is None),
             "layer.window: only attention layers have a window or chunk",
         )
 
@@ -290,6 +346,25 @@ class LayerSpec:
     def moe(self) -> bool:
         """True when this layer's FFN is the MoE block."""
         return self.ffn is FfnKind.MOE
+
+    @property
+    def attends(self) -> bool:
+        """The layer's mixer includes softmax attention (a KV cache per token)."""
+        return self.mixer in ATTENDING_MIXERS
+
+    @property
+    def kind(self) -> LayerKind:
+        """The layer's mixer and FFN kind (the window is left to the estimator, which knows the sequence)."""
+        return LayerKind(mixer=self.mixer, ffn=self.ffn)
+
+    def kind_at(self, seq: int) -> LayerKind:
+        """The layer's full kind at sequence length ``seq``: mixer, FFN, masked attention, rotary.
+
+        A window at least as long as the sequence is plain causal attention: transformers then
+        passes no mask to SDPA (``_ignore_causal_mask_sdpa``); an attention chunk masks once the
+        keys reach its size (``kv_length >= local_attention_size``)."""
+        masked = (self.window is not None and self.window < seq) or (self.chunk is not None and self.chunk <= seq)
+        return LayerKind(mixer=self.mixer, ffn=self.ffn, sliding=masked, rope=self.rope)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -312,70 +387,3 @@ class PositionSpec:
     def __post_init__(self) -> None:
         _require(self.max_positions > 0, "position.max_positions: must be a positive integer")
         _require(0.0 < self.rotary_fraction <= 1.0, "position.rotary_fraction: must be in (0, 1]")
-
-
-#: The two parts of a multimodal model outside its text decoder.
-VISION_TOWER = "vision_tower"
-PROJECTOR = "projector"
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class TowerLinear:
-    """``count`` identical ``nn.Linear`` modules of a vision tower or projector.
-
-    ``name`` is the end of the module path as PEFT matches ``target_modules`` against it
-    (``attn.qkv``, ``mlp.gate_proj``, ``multi_modal_projector.linear_1``).
-    """
-
-    name: str
-    in_features: int
-    out_features: int
-    bias: bool
-    count: int = 1
-    part: str = VISION_TOWER
-    """``vision_tower`` or ``projector``."""
-
-    def __post_init__(self) -> None:
-        _require(self.in_features > 0 and self.out_features > 0, f"vision.{self.name}: features must be positive")
-        _require(self.count > 0, f"vision.{self.name}: count must be positive")
-        _require(self.part in (VISION_TOWER, PROJECTOR), f"vision.{self.name}: part must be vision_tower or projector")
-
-    @property
-    def parameters(self) -> int:
-        """Elements of all ``count`` modules: ``count x (in x out (+ out))``."""
-        return self.count * (self.in_features * self.out_features + (self.out_features if self.bias else 0))
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class VisionSpec:
-    """The image side of a multimodal model: the vision tower and the projector that maps its
-    features to the text model's width (module paths per family in ``model/families/towers.py``).
-
-    vramlens models text-only batches: the tower and projector hold their weights (and, under
-    LoRA, the adapters PEFT puts on their linears) but compute nothing and receive no gradient.
-    """
-
-    kind: str
-    """The tower's transformers implementation (pixtral, siglip, qwen2_5_vl, qwen3_vl, llama4)."""
-    tower_parameters: int
-    """Every parameter of the vision tower."""
-    projector_parameters: int
-    """Every parameter of the projector."""
-    linears: tuple[TowerLinear, ...]
-    """The ``nn.Linear`` modules of both parts (LoRA targets, quantized weights)."""
-    hidden_size: int
-    """The tower's width."""
-    num_layers: int
-    """The tower's encoder layers."""
-
-    def __post_init__(self) -> None:
-        _require(self.tower_parameters > 0, "vision: the tower must have parameters")
-        _require(self.projector_parameters >= 0, "vision: projector parameters must not be negative")
-        for part, total in ((VISION_TOWER, self.tower_parameters), (PROJECTOR, self.projector_parameters)):
-            linear = sum(s.parameters for s in self.linears if s.part == part)
-            _require(linear <= total, f"vision: {part} linears hold {linear} parameters of {total}")
-
-    @property
-    def parameters(self) -> int:
-        """Tower and projector together."""
-        return self.tower_parameters + self.projector_parameters

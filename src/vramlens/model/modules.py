@@ -12,16 +12,30 @@ Groups say which linears read the same input tensor:
 * ``attn_out`` - reads the attention output (o_proj),
 * ``mlp_in``   - reads the normalized hidden state before the MLP (gate/up),
 * ``mlp_out``  - reads the MLP intermediate (down),
-* ``mla_q``/``mla_kv`` - MLA second-stage projections reading the compressed latents.
+* ``mla_q``/``mla_kv`` - MLA second-stage projections reading the compressed latents,
+* ``ssm_in``/``ssm_x``/``ssm_dt``/``ssm_out`` - a Mamba mixer's input projection, Mamba 1's
+  selective and time-step projections, its output projection,
+* ``gdn_in``/``gdn_out`` - gated DeltaNet's input projections and output projection.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from vramlens.model.spec import MlpKind, ModelSpec
+from vramlens.errors import ConfigError
+from vramlens.model.spec import FfnKind, LayerKind, MixerKind, MlpKind, ModelSpec
+from vramlens.model.ssm import MambaVersion
 
-__all__ = ["LinearShape", "all_layer_linears", "is_shared_expert", "layer_linears", "shared_expert_prefix"]
+__all__ = [
+    "LinearShape",
+    "all_layer_linears",
+    "is_shared_expert",
+    "layer_kinds",
+    "layer_linears",
+    "register_mixer_linears",
+    "shared_expert_prefix",
+]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -86,13 +100,14 @@ def _attention_linears(spec: ModelSpec) -> list[LinearShape]:
         return shapes
     q = attention.num_heads * attention.head_dim
     kv = attention.num_kv_heads * attention.head_dim
+    q_out = 2 * q if attention.output_gate else q  # Qwen3-Next's q_proj also yields the output gate
     bias = attention.qkv_bias
     fused = _FUSED_QKV.get(spec.model_type)
     if fused is not None:
         shapes = [LinearShape(name=fused, in_features=h, out_features=q + 2 * kv, group="attn_in", bias=bias)]
     else:
         shapes = [
-            LinearShape(name="q_proj", in_features=h, out_features=q, group="attn_in", bias=bias),
+            LinearShape(name="q_proj", in_features=h, out_features=q_out, group="attn_in", bias=bias),
             LinearShape(name="k_proj", in_features=h, out_features=kv, group="attn_in", bias=bias),
             LinearShape(name="v_proj", in_features=h, out_features=kv, group="attn_in", bias=bias),
         ]
@@ -101,27 +116,106 @@ def _attention_linears(spec: ModelSpec) -> list[LinearShape]:
     return shapes
 
 
-def _mlp_linears(spec: ModelSpec, inner: int, *, prefix: str = "") -> list[LinearShape]:
+#: Gated MLPs whose gate and up projections are one fused linear of ``2 x inner`` outputs.
+_FUSED_GATE_UP = {"phi3": ("gate_up_proj", "down_proj"), "granitemoehybrid": ("input_linear", "output_linear")}
+#: Module path of the dense MLP / the shared expert inside a layer, where it is not the usual one.
+_DENSE_PREFIX = {"granitemoehybrid": "shared_mlp."}
+_SHARED_PREFIX = {"granitemoehybrid": "shared_mlp."}
+
+
+def _mlp_linears(spec: ModelSpec, inner: int, kind: MlpKind, *, bias: bool, prefix: str = "") -> list[LinearShape]:
     h = spec.hidden_size
-    mlp = spec.mlp
-    bias = bool(mlp and mlp.bias)
-    if mlp is not None and mlp.kind is MlpKind.PLAIN:
+    if kind is MlpKind.PLAIN:
         up, down = _PLAIN_MLP.get(spec.model_type, ("up_proj", "down_proj"))
         return [
             LinearShape(name=prefix + up, in_features=h, out_features=inner, group="mlp_in", bias=bias),
             LinearShape(name=prefix + down, in_features=inner, out_features=h, group="mlp_out", bias=bias),
         ]
-    if spec.model_type == "phi3":
-        first = [LinearShape(name=prefix + "gate_up_proj", in_features=h, out_features=2 * inner, group="mlp_in")]
+    fused = _FUSED_GATE_UP.get(spec.model_type)
+    down = "down_proj"
+    if fused is not None:
+        first = [LinearShape(name=prefix + fused[0], in_features=h, out_features=2 * inner, group="mlp_in")]
+        down = fused[1]
     else:
         first = [
             LinearShape(name=prefix + "gate_proj", in_features=h, out_features=inner, group="mlp_in", bias=bias),
             LinearShape(name=prefix + "up_proj", in_features=h, out_features=inner, group="mlp_in", bias=bias),
         ]
-    return [
-        *first,
-        LinearShape(name=prefix + "down_proj", in_features=inner, out_features=h, group="mlp_out", bias=bias),
+    return [*first, LinearShape(name=prefix + down, in_features=inner, out_features=h, group="mlp_out", bias=bias)]
+
+
+def _dense_linears(spec: ModelSpec) -> list[LinearShape]:
+    mlp = spec.mlp
+    assert mlp is not None
+    prefix = _DENSE_PREFIX.get(spec.model_type, "")
+    return _mlp_linears(spec, mlp.intermediate_size, mlp.kind, bias=mlp.bias, prefix=prefix)
+
+
+def _moe_linears(spec: ModelSpec) -> list[LinearShape]:
+    moe = spec.moe
+    if moe is None or not moe.shared_intermediate_size:
+        return []
+    prefix = shared_expert_prefix(spec)
+    return _mlp_linears(spec, moe.shared_intermediate_size, moe.shared_kind, bias=moe.shared_bias, prefix=prefix)
+
+
+def _mamba_linears(spec: ModelSpec) -> list[LinearShape]:
+    """Mamba 1: ``in_proj``, ``x_proj``, ``dt_proj``, ``out_proj``; Mamba 2: ``in_proj``, ``out_proj``
+    (the convolution is an ``nn.Conv1d``, not a linear, and no LoRA target)."""
+    mamba = spec.mamba
+    assert mamba is not None
+    h, d = spec.hidden_size, mamba.intermediate_size
+    shapes = [
+        LinearShape(name="in_proj", in_features=h, out_features=mamba.in_proj_size, group="ssm_in", bias=mamba.in_bias)
     ]
+    if mamba.version is MambaVersion.MAMBA1:
+        r = mamba.time_step_rank
+        shapes.append(LinearShape(name="x_proj", in_features=d, out_features=r + 2 * mamba.state_size, group="ssm_x"))
+        shapes.append(LinearShape(name="dt_proj", in_features=r, out_features=d, group="ssm_dt", bias=True))
+    shapes.append(LinearShape(name="out_proj", in_features=d, out_features=h, group="ssm_out", bias=mamba.out_bias))
+    return shapes
+
+
+def _gated_deltanet_linears(spec: ModelSpec) -> list[LinearShape]:
+    linear = spec.linear_attention
+    assert linear is not None
+    h, k, v = spec.hidden_size, linear.key_dim, linear.value_dim
+    return [
+        LinearShape(name="in_proj_qkvz", in_features=h, out_features=2 * k + 2 * v, group="gdn_in"),
+        LinearShape(name="in_proj_ba", in_features=h, out_features=2 * linear.num_value_heads, group="gdn_in"),
+        LinearShape(name="out_proj", in_features=v, out_features=h, group="gdn_out"),
+    ]
+
+
+MixerLinears = Callable[[ModelSpec], list[LinearShape]]
+
+_MIXER_LINEARS: dict[MixerKind, MixerLinears] = {
+    MixerKind.ATTENTION: _attention_linears,
+    MixerKind.MAMBA: _mamba_linears,
+    MixerKind.LINEAR_ATTENTION: _gated_deltanet_linears,
+    MixerKind.ATTENTION_AND_MAMBA: lambda spec: _attention_linears(spec) + _mamba_linears(spec),
+    MixerKind.NONE: lambda spec: [],
+}
+_FFN_LINEARS: dict[FfnKind, MixerLinears] = {
+    FfnKind.DENSE: _dense_linears,
+    FfnKind.MOE: _moe_linears,
+    FfnKind.NONE: lambda spec: [],
+}
+
+
+def register_mixer_linears(kind: MixerKind, linears: MixerLinears) -> None:
+    """Register the linear modules of a token mixer (a new mixer is an entry, not an ``elif``)."""
+    _MIXER_LINEARS[kind] = linears
+
+
+def layer_kinds(spec: ModelSpec) -> tuple[LayerKind, ...]:
+    """The distinct (mixer, FFN) kinds of the model's decoder layers, dense before MoE (cached per spec)."""
+    cache = spec.derived_cache
+    if "layer_kinds" not in cache:
+        kinds = {layer.kind for layer in spec.layers}
+        order = (list(FfnKind), list(MixerKind))
+        cache["layer_kinds"] = tuple(sorted(kinds, key=lambda k: (order[0].index(k.ffn), order[1].index(k.mixer))))
+    return cache["layer_kinds"]  # type: ignore[return-value]
 
 
 #: Families whose one ungated shared expert is the module ``shared_expert`` (Llama 4's ``Llama4TextMoe``).
@@ -130,46 +224,50 @@ _SINGLE_SHARED_EXPERT = {"llama4", "llama4_text"}
 
 def shared_expert_prefix(spec: ModelSpec) -> str:
     """Module-name prefix of an MoE layer's shared expert: ``shared_expert.`` (Qwen2-MoE's gated
-    one, Llama 4's) or ``shared_experts.`` (DeepSeek's fused ones)."""
+    one, Llama 4's), ``shared_mlp.`` (Granite 4.0-H's) or ``shared_experts.`` (DeepSeek's fused ones,
+    Nemotron-H's)."""
     assert spec.moe is not None
+    if spec.model_type in _SHARED_PREFIX:
+        return _SHARED_PREFIX[spec.model_type]
     single = spec.moe.shared_expert_gate or spec.model_type in _SINGLE_SHARED_EXPERT
     return "shared_expert." if single else "shared_experts."
 
 
-def is_shared_expert(shape: LinearShape) -> bool:
+def is_shared_expert(spec: ModelSpec, shape: LinearShape) -> bool:
     """Whether a linear belongs to an MoE layer's shared expert (not to the dense MLP)."""
-    return shape.name.startswith(("shared_expert.", "shared_experts."))
+    moe = spec.moe
+    if moe is None or not moe.shared_intermediate_size:
+        return False
+    return shape.name.startswith(shared_expert_prefix(spec))
 
 
-def layer_linears(spec: ModelSpec, *, moe_layer: bool = False) -> tuple[LinearShape, ...]:
-    """The ``nn.Linear`` modules of one decoder layer (dense or MoE), cached per spec.
+def layer_linears(
+    spec: ModelSpec, kind: LayerKind | None = None, *, moe_layer: bool = False
+) -> tuple[LinearShape, ...]:
+    """The ``nn.Linear`` modules of one decoder layer of ``kind`` (default: an attention layer,
+    MoE when ``moe_layer``), cached per spec.
 
     Routed experts are stored as 3-D parameters in transformers 5 (not
     ``nn.Linear``), so they are not listed; MoE layers list their shared expert.
     """
+    if kind is None:
+        kind = LayerKind(ffn=FfnKind.MOE if moe_layer else FfnKind.DENSE)
+    kind = LayerKind(mixer=kind.mixer, ffn=kind.ffn)  # the window does not change the modules
     cache = spec.derived_cache
-    key = ("layer_linears", moe_layer)
+    key = ("layer_linears", kind)
     if key not in cache:
-        cache[key] = _layer_linears(spec, moe_layer)
+        mixer = _MIXER_LINEARS.get(kind.mixer)
+        if mixer is None:
+            raise ConfigError(f"{spec.name}: layers with a {kind.mixer.value} token mixer are not modelled by vramlens")
+        cache[key] = tuple(mixer(spec) + _FFN_LINEARS[kind.ffn](spec))
     return cache[key]  # type: ignore[return-value]
 
 
 def all_layer_linears(spec: ModelSpec) -> tuple[LinearShape, ...]:
-    """The linears of every kind of decoder layer the model has (dense and MoE), each
-    (group, name) once: what LoRA can target and what full fine-tuning trains (cached per spec)."""
+    """The linears of every kind of decoder layer the model has, each (group, name) once:
+    what LoRA can target and what full fine-tuning trains (cached per spec)."""
     cache = spec.derived_cache
     if "all_layer_linears" not in cache:
-        kinds = [moe for moe in (False, True) if (spec.moe is not None if moe else spec.mlp is not None)]
-        unique = {(s.group, s.name): s for moe in kinds for s in layer_linears(spec, moe_layer=moe)}
+        unique = {(s.group, s.name): s for kind in layer_kinds(spec) for s in layer_linears(spec, kind)}
         cache["all_layer_linears"] = tuple(unique.values())
     return cache["all_layer_linears"]  # type: ignore[return-value]
-
-
-def _layer_linears(spec: ModelSpec, moe_layer: bool) -> tuple[LinearShape, ...]:
-    shapes = _attention_linears(spec)
-    if not moe_layer:
-        assert spec.mlp is not None
-        shapes += _mlp_linears(spec, spec.mlp.intermediate_size)
-    elif spec.moe is not None and spec.moe.shared_intermediate_size:
-        shapes += _mlp_linears(spec, spec.moe.shared_intermediate_size, prefix=shared_expert_prefix(spec))
-    return tuple(shapes)

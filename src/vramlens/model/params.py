@@ -11,14 +11,16 @@ bias) are not parameters and are reported separately.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from vramlens.model.spec import MlpKind, NormKind, NormSpec, PositionKind, QKNorm
+from vramlens.errors import ConfigError
+from vramlens.model.breakdown import ParameterBreakdown, generic_breakdown
+from vramlens.model.spec import FfnKind, LayerKind, MixerKind, MlpKind, NormKind, NormSpec, PositionKind, QKNorm
+from vramlens.model.ssm import MambaVersion
 
 if TYPE_CHECKING:
-    from vramlens.model.generic.layout import GenericLayout
-    from vramlens.model.spec import AttentionSpec, MlaSpec, MlpSpec, ModelSpec, MoeSpec
+    from vramlens.model.spec import AttentionSpec, LinearAttentionSpec, MambaSpec, MlaSpec, MlpSpec, ModelSpec, MoeSpec
 
 _RMS = NormSpec(kind=NormKind.RMSNORM)
 
@@ -27,12 +29,17 @@ __all__ = [
     "active_parameters",
     "attention_parameters",
     "expert_parameters",
+    "ffn_parameters",
+    "gated_deltanet_parameters",
+    "layer_parameters",
     "linear_parameters",
     "mla_attention_parameters",
+    "mixer_parameters",
     "mlp_parameters",
     "moe_parameters",
     "norm_parameters",
     "parameter_breakdown",
+    "register_mixer_parameters",
 ]
 
 
@@ -78,7 +85,8 @@ def attention_parameters(attention: AttentionSpec, hidden: int) -> int:
     ``q: h -> H*d``, ``k, v: h -> Hkv*d``, ``o: H*d -> h`` (fused qkv layouts
     such as Phi-3's ``qkv_proj`` or Falcon's ``query_key_value`` hold the same
     count). Q/K norms: per-head adds ``2*norm(d)``; per-projection adds
-    ``norm(H*d) + norm(Hkv*d)``. Attention sinks (gpt-oss) add one logit per head.
+    ``norm(H*d) + norm(Hkv*d)``. Attention sinks (gpt-oss) add one logit per head; an output
+    gate (Qwen3-Next) doubles the query projection.
     """
     if attention.mla is not None:
         return mla_attention_parameters(
@@ -90,8 +98,9 @@ def attention_parameters(attention: AttentionSpec, hidden: int) -> int:
         )
     q_width = attention.num_heads * attention.head_dim
     kv_width = attention.num_kv_heads * attention.head_dim
+    q_out = 2 * q_width if attention.output_gate else q_width  # Qwen3-Next: queries and their gates
     projections = (
-        linear_parameters(hidden, q_width, bias=attention.qkv_bias)
+        linear_parameters(hidden, q_out, bias=attention.qkv_bias)
         + 2 * linear_parameters(hidden, kv_width, bias=attention.qkv_bias)
         + linear_parameters(q_width, hidden, bias=attention.out_bias)
     )
@@ -104,6 +113,46 @@ def attention_parameters(attention: AttentionSpec, hidden: int) -> int:
     if attention.sinks:
         projections += attention.num_heads
     return projections
+
+
+def mamba_parameters(mamba: MambaSpec, hidden: int) -> int:
+    """Elements of one Mamba mixer (``d`` = ``d_inner``, ``N`` = ``d_state``, ``k`` = ``d_conv``).
+
+    Mamba 1 (``JambaMambaMixer``): ``in_proj h -> 2d``, ``conv1d`` ``d x k`` (+ ``d`` bias),
+    ``x_proj d -> R + 2N``, ``dt_proj R -> d`` with bias, ``A_log d x N``, ``D d``,
+    ``out_proj d -> h``, and Jamba's RMSNorms of widths ``R``, ``N``, ``N``.
+    Mamba 2 (``FalconH1Mixer``, ``NemotronHMamba2Mixer``, ``GraniteMoeHybridMambaLayer``):
+    ``in_proj h -> d + (d + 2GN) + H``, ``conv1d`` ``(d + 2GN) x k`` (+ bias), ``dt_bias``,
+    ``A_log`` and ``D`` of ``H`` each, the gated RMSNorm ``d``, ``out_proj d -> h``.
+    """
+    d, n = mamba.intermediate_size, mamba.state_size
+    conv = mamba.conv_dim * mamba.conv_kernel + (mamba.conv_dim if mamba.conv_bias else 0)
+    common = (
+        linear_parameters(hidden, mamba.in_proj_size, bias=mamba.in_bias)
+        + conv
+        + linear_parameters(d, hidden, bias=mamba.out_bias)
+    )
+    if mamba.version is MambaVersion.MAMBA1:
+        r = mamba.time_step_rank
+        ssm = linear_parameters(d, r + 2 * n, bias=False) + linear_parameters(r, d, bias=True) + d * n + d
+        return common + ssm + (r + 2 * n if mamba.inner_norms else 0)
+    return common + 3 * mamba.num_heads + (d if mamba.gated_norm else 0)
+
+
+def gated_deltanet_parameters(linear: LinearAttentionSpec, hidden: int) -> int:
+    """Elements of one gated DeltaNet (``Qwen3NextGatedDeltaNet``): ``in_proj_qkvz h -> 2K + 2V``,
+    ``in_proj_ba h -> 2 Hv``, a bias-free ``conv1d`` ``(2K + V) x k``, ``dt_bias`` and ``A_log``
+    (``Hv`` each), the gated RMSNorm of one value head, ``out_proj V -> h`` (``K`` = key heads x
+    key head size, ``V`` = value heads x value head size)."""
+    k, v = linear.key_dim, linear.value_dim
+    return (
+        linear_parameters(hidden, 2 * k + 2 * v, bias=False)
+        + linear_parameters(hidden, 2 * linear.num_value_heads, bias=False)
+        + linear.conv_dim * linear.conv_kernel
+        + 2 * linear.num_value_heads
+        + linear.value_head_dim
+        + linear_parameters(v, hidden, bias=False)
+    )
 
 
 def _ffn_parameters(kind: MlpKind, hidden: int, inner: int, *, bias: bool) -> int:
@@ -132,116 +181,108 @@ def moe_parameters(moe: MoeSpec, hidden: int) -> tuple[int, int, int]:
     routed = moe.num_experts * expert_parameters(moe, hidden)
     shared = 0
     if moe.shared_intermediate_size:
-        shared = _ffn_parameters(MlpKind.GATED, hidden, moe.shared_intermediate_size, bias=False)
+        shared = _ffn_parameters(moe.shared_kind, hidden, moe.shared_intermediate_size, bias=moe.shared_bias)
     if moe.shared_expert_gate:
         shared += linear_parameters(hidden, 1, bias=False)
     router = linear_parameters(hidden, moe.num_experts, bias=moe.router_bias)
     return routed, shared, router
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ParameterBreakdown:
-    """Parameter counts (elements) of a model by component; ``total`` is their sum.
+#: Elements of one layer's token mixer, by ParameterBreakdown slot (attention, ssm, linear_attention).
+MixerCounter = Callable[["ModelSpec"], Mapping[str, int]]
 
-    Tied embeddings are counted once, under ``embedding`` (``lm_head`` is then 0,
-    or only its bias). ``persistent_buffers`` is *not* part of ``total``.
-    """
 
-    embedding: int
-    """Token embedding ``V*h``."""
-    position_embedding: int
-    """Learned absolute positions ``P*h`` (GPT-2); 0 for rotary/ALiBi."""
-    attention: int
-    """All layers' attention projections and q/k norms."""
-    mlp: int
-    """All dense layers' MLPs."""
-    moe_experts: int
-    """All MoE layers' routed experts."""
-    moe_shared: int
-    """All MoE layers' shared experts and shared-expert gates."""
-    moe_router: int
-    """All MoE layers' routers."""
-    norms: int
-    """All layers' hidden-size norms."""
-    final_norm: int
-    """The norm after the last layer."""
-    lm_head: int
-    """The output projection (0 when tied, except a bias)."""
-    extra: int = 0
-    """Other named parts outside the decoder stack of native families (``ModelSpec.extra_parameters``)."""
-    linear_attention: int = 0
-    """All layers' linear-attention mixers (gated DeltaNet), their convolutions included."""
-    ssm: int = 0
-    """All layers' state-space (Mamba) mixers, their convolutions included."""
-    vision: int = 0
-    """A multimodal model's vision tower (its image encoder): a native family's
-    (``ModelSpec.vision``) or one read from the model's code."""
-    projector: int = 0
-    """The multimodal projector between a vision tower and the decoder."""
-    mtp: int = 0
-    """Multi-token-prediction layers built beside the decoder stack."""
-    other: int = 0
-    """Parameters of a model read from its code that no component names (shown, never dropped)."""
-    persistent_buffers: int = 0
-    """Elements of saved buffers that are not parameters (router score-correction biases)."""
+def _mamba(spec: ModelSpec) -> Mapping[str, int]:
+    assert spec.mamba is not None  # ModelSpec checks that Mamba layers have a Mamba mixer
+    return {"ssm": mamba_parameters(spec.mamba, spec.hidden_size)}
 
-    @property
-    def total(self) -> int:
-        """Sum of every parameter component (buffers excluded)."""
-        return (
-            self.embedding
-            + self.position_embedding
-            + self.attention
-            + self.mlp
-            + self.moe_experts
-            + self.moe_shared
-            + self.moe_router
-            + self.norms
-            + self.final_norm
-            + self.lm_head
-            + self.linear_attention
-            + self.ssm
-            + self.outside_decoder
-        )
 
-    @property
-    def outside_decoder(self) -> int:
-        """Parameters outside the decoder stack (embedding and head aside): vision tower, projector,
-        multi-token-prediction layers, extra and unnamed parts."""
-        return self.extra + self.vision + self.projector + self.mtp + self.other
+def _linear_attention(spec: ModelSpec) -> Mapping[str, int]:
+    assert spec.linear_attention is not None  # ModelSpec checks it
+    return {"linear_attention": gated_deltanet_parameters(spec.linear_attention, spec.hidden_size)}
 
-    @property
-    def non_embedding(self) -> int:
-        """Total minus token/position embeddings and the LM head (the "non-embedding" count model cards quote)."""
-        return self.total - self.embedding - self.position_embedding - self.lm_head
 
-    def as_dict(self) -> dict[str, int]:
-        """Components and ``total`` as a JSON-safe dict of ints."""
-        return {**asdict(self), "total": self.total}
+def _attention(spec: ModelSpec) -> Mapping[str, int]:
+    return {"attention": attention_parameters(spec.attn, spec.hidden_size)}
+
+
+_MIXER_PARAMETERS: dict[MixerKind, MixerCounter] = {
+    MixerKind.ATTENTION: _attention,
+    MixerKind.MAMBA: _mamba,
+    MixerKind.LINEAR_ATTENTION: _linear_attention,
+    MixerKind.ATTENTION_AND_MAMBA: lambda spec: {**_attention(spec), **_mamba(spec)},
+    MixerKind.NONE: lambda spec: {},
+}
+
+
+def _dense(spec: ModelSpec) -> Mapping[str, int]:
+    assert spec.mlp is not None  # ModelSpec checks that dense layers have an MLP
+    return {"mlp": mlp_parameters(spec.mlp, spec.hidden_size)}
+
+
+def _moe(spec: ModelSpec) -> Mapping[str, int]:
+    assert spec.moe is not None  # ModelSpec checks that MoE layers have an MoE block
+    routed, shared, router = moe_parameters(spec.moe, spec.hidden_size)
+    return {"moe_experts": routed, "moe_shared": shared, "moe_router": router}
+
+
+_FFN_PARAMETERS: dict[FfnKind, Callable[[ModelSpec], Mapping[str, int]]] = {
+    FfnKind.DENSE: _dense,
+    FfnKind.MOE: _moe,
+    FfnKind.NONE: lambda spec: {},
+}
+
+
+def register_mixer_parameters(kind: MixerKind, counter: MixerCounter) -> None:
+    """Register the parameter count of a token mixer (a new mixer is an entry, not an ``elif``)."""
+    _MIXER_PARAMETERS[kind] = counter
+
+
+def mixer_parameters(spec: ModelSpec, mixer: MixerKind) -> Mapping[str, int]:
+    """Elements of one layer's ``mixer`` by breakdown slot; a mixer without a counting rule is a
+    one-line :class:`ConfigError`, never counted as attention."""
+    counter = _MIXER_PARAMETERS.get(mixer)
+    if counter is None:
+        raise ConfigError(f"{spec.name}: layers with a {mixer.value} token mixer are not modelled by vramlens")
+    return counter(spec)
+
+
+def ffn_parameters(spec: ModelSpec, ffn: FfnKind) -> Mapping[str, int]:
+    """Elements of one layer's feed-forward block by breakdown slot (mlp, moe_experts, moe_shared, moe_router)."""
+    return _FFN_PARAMETERS[ffn](spec)
+
+
+def layer_parameters(spec: ModelSpec, kind: LayerKind) -> int:
+    """Elements of one decoder layer of ``kind``: mixer, FFN and the layer's hidden-size norms."""
+    norms = spec.norms_per_layer * norm_parameters(spec.norm, spec.hidden_size)
+    return sum(mixer_parameters(spec, kind.mixer).values()) + sum(ffn_parameters(spec, kind.ffn).values()) + norms
 
 
 def parameter_breakdown(spec: ModelSpec) -> ParameterBreakdown:
-    """Count every parameter of ``spec`` by component (see :class:`ParameterBreakdown`)."""
+    """Count every parameter of ``spec`` by component (see :class:`ParameterBreakdown`), layer kind by
+    layer kind (a model read from its code: the components its module tree was read into)."""
     if spec.generic is not None:
-        return _generic_breakdown(spec.generic)
+        return generic_breakdown(spec.generic)
     hidden = spec.hidden_size
-    moe_layers = spec.num_moe_layers
-    dense_layers = spec.num_layers - moe_layers
-    routed = shared = router = 0
-    if spec.moe is not None and moe_layers:
-        routed, shared, router = moe_parameters(spec.moe, hidden)
+    slots: dict[str, int] = {}
+    kinds: dict[LayerKind, int] = {}
+    for layer in spec.layers:
+        kinds[layer.kind] = kinds.get(layer.kind, 0) + 1
+    for kind, count in kinds.items():
+        for counts in (mixer_parameters(spec, kind.mixer), ffn_parameters(spec, kind.ffn)):
+            for slot, elements in counts.items():
+                slots[slot] = slots.get(slot, 0) + count * elements
+    unknown = set(slots) - set(_LAYER_SLOTS)
+    if unknown:  # a counting rule naming a slot the breakdown lacks is a bug, never a dropped count
+        raise RuntimeError(f"parameter slots without a ParameterBreakdown field: {sorted(unknown)}")
     lm_head = 0 if spec.tie_word_embeddings else hidden * spec.vocab_size
     if spec.lm_head_bias:
         lm_head += spec.vocab_size
     learned = spec.position.kind is PositionKind.LEARNED
+    moe_layers = spec.num_moe_layers
     return ParameterBreakdown(
         embedding=spec.vocab_size * hidden,
         position_embedding=spec.position.max_positions * hidden if learned else 0,
-        attention=spec.num_layers * attention_parameters(spec.attn, hidden),
-        mlp=dense_layers * mlp_parameters(spec.mlp, hidden) if spec.mlp is not None and dense_layers else 0,
-        moe_experts=moe_layers * routed,
-        moe_shared=moe_layers * shared,
-        moe_router=moe_layers * router,
         norms=spec.num_layers * spec.norms_per_layer * norm_parameters(spec.norm, hidden),
         final_norm=norm_parameters(spec.norm, hidden) if spec.final_norm else 0,
         lm_head=lm_head,
@@ -249,30 +290,11 @@ def parameter_breakdown(spec: ModelSpec) -> ParameterBreakdown:
         vision=spec.vision.tower_parameters if spec.vision is not None else 0,
         projector=spec.vision.projector_parameters if spec.vision is not None else 0,
         persistent_buffers=moe_layers * spec.moe.num_experts if spec.moe and spec.moe.router_score_bias else 0,
+        **{slot: slots.get(slot, 0) for slot in _LAYER_SLOTS},
     )
 
 
-def _generic_breakdown(layout: GenericLayout) -> ParameterBreakdown:
-    """The components a model's module tree was read into (:mod:`vramlens.model.generic`)."""
-    totals = {component.value: count for component, count in layout.totals().items()}
-    return ParameterBreakdown(
-        embedding=totals.get("embedding", 0),
-        position_embedding=totals.get("position_embedding", 0),
-        attention=totals.get("attention", 0),
-        mlp=totals.get("mlp", 0),
-        moe_experts=totals.get("moe_experts", 0),
-        moe_shared=totals.get("moe_shared", 0),
-        moe_router=totals.get("moe_router", 0),
-        norms=totals.get("norms", 0),
-        final_norm=totals.get("final_norm", 0),
-        lm_head=totals.get("lm_head", 0),
-        linear_attention=totals.get("linear_attention", 0),
-        ssm=totals.get("ssm", 0),
-        vision=totals.get("vision", 0),
-        projector=totals.get("projector", 0),
-        mtp=totals.get("mtp", 0),
-        other=totals.get("other", 0),
-    )
+_LAYER_SLOTS = ("attention", "ssm", "linear_attention", "mlp", "moe_experts", "moe_shared", "moe_router")
 
 
 def active_parameters(spec: ModelSpec) -> int:

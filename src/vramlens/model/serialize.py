@@ -22,6 +22,11 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _mixers(spec: ModelSpec) -> list[str]:
+    """The token-mixer kinds of the layers, in order of first appearance."""
+    return list(dict.fromkeys(layer.mixer.value for layer in spec.layers))
+
+
 def weight_bytes(spec: ModelSpec) -> int | None:
     """Bytes of all parameters at the checkpoint dtype, or None for quantized checkpoints
     (their size depends on which modules are quantized; see the checkpoint summary or an estimate)."""
@@ -89,11 +94,14 @@ def spec_to_dict(spec: ModelSpec) -> dict[str, Any]:
         "described_from": _generic(spec),
         "mlp": _plain(spec.mlp),
         "moe": _plain(spec.moe),
+        "mamba": _plain(spec.mamba),
+        "linear_attention": _plain(spec.linear_attention),
         "layers": {
+            "mixers": {kind: sum(1 for layer in spec.layers if layer.mixer == kind) for kind in _mixers(spec)},
             "moe": spec.num_moe_layers,
-            "dense": spec.num_layers - spec.num_moe_layers,
+            "dense": sum(1 for layer in spec.layers if layer.ffn.value == "dense"),
             "sliding_window": sum(1 for w in windows if w is not None),
-            "global_attention": sum(1 for w in windows if w is None),
+            "global_attention": sum(1 for layer in spec.layers if layer.attends and layer.window is None),
             "windows": windows,
             "chunks": [layer.chunk for layer in spec.layers],
             "rope": [layer.rope for layer in spec.layers],

@@ -15,8 +15,10 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from vramlens.model.components import (
+    MAMBA_MIXERS,
     AttentionSpec,
     FfnKind,
+    LayerKind,
     LayerSpec,
     MixerKind,
     MlaSpec,
@@ -32,6 +34,7 @@ from vramlens.model.components import (
     VisionSpec,
     _require,
 )
+from vramlens.model.ssm import LinearAttentionSpec, MambaSpec
 
 if TYPE_CHECKING:
     from vramlens.model.generic.layout import GenericLayout
@@ -42,7 +45,10 @@ if TYPE_CHECKING:
 __all__ = [
     "AttentionSpec",
     "FfnKind",
+    "LayerKind",
     "LayerSpec",
+    "LinearAttentionSpec",
+    "MambaSpec",
     "MixerKind",
     "MlaSpec",
     "MlpKind",
@@ -84,6 +90,10 @@ class ModelSpec:
     """The dense FFN used by non-MoE layers (None when every layer is MoE)."""
     moe: MoeSpec | None = None
     """The MoE FFN used by MoE layers (None for dense models)."""
+    mamba: MambaSpec | None = None
+    """The Mamba mixer of Mamba layers (and of Falcon-H1's attention+Mamba layers)."""
+    linear_attention: LinearAttentionSpec | None = None
+    """The linear-attention mixer of linear-attention layers (Qwen3-Next's gated DeltaNet)."""
     layers: tuple[LayerSpec, ...]
     """One entry per decoder layer."""
     norm: NormSpec = field(default_factory=NormSpec)
@@ -145,6 +155,15 @@ class ModelSpec:
             _require(self.attention is not None, "attention: a native family must describe its attention")
             _require(not uses_moe or self.moe is not None, "moe: MoE layers present but no MoE block described")
             _require(not uses_dense or self.mlp is not None, "mlp: dense layers present but no dense MLP described")
+            _require(
+                self.mamba is not None or not any(layer.mixer in MAMBA_MIXERS for layer in self.layers),
+                "mamba: Mamba layers present but no Mamba mixer described",
+            )
+            _require(
+                self.linear_attention is not None
+                or not any(layer.mixer is MixerKind.LINEAR_ATTENTION for layer in self.layers),
+                "linear_attention: linear-attention layers present but no linear-attention mixer described",
+            )
         else:
             _require(len(self.generic.layer_kinds) == self.num_layers, "generic: one layer kind per decoder layer")
         _require(self.norms_per_layer >= 0, "norms_per_layer: must not be negative")

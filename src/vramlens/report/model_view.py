@@ -71,8 +71,37 @@ def _layers_text(spec: ModelSpec) -> str:
     if nope and spec.position.kind.value == "rope":
         text += f" ({nope} without rotary embeddings)"
     if spec.is_moe:
-        text += f"; {spec.num_moe_layers} MoE, {spec.num_layers - spec.num_moe_layers} dense"
+        dense = sum(1 for layer in spec.layers if layer.ffn.value == "dense")
+        text += f"; {spec.num_moe_layers} MoE, {dense} dense"
+    mixers = {layer.mixer.value for layer in spec.layers}
+    if mixers != {"attention"}:
+        counts = {kind: sum(1 for layer in spec.layers if layer.mixer.value == kind) for kind in sorted(mixers)}
+        text += "; " + ", ".join(f"{count} {kind}" for kind, count in counts.items())
     return text
+
+
+def _mixer_rows(spec: ModelSpec) -> list[tuple[str, str]]:
+    """The Mamba and linear-attention mixers, when the model has them."""
+    rows = []
+    if spec.mamba is not None:
+        m = spec.mamba
+        heads = f", {m.num_heads} heads x {m.head_dim}, {m.n_groups} groups" if m.version.value == "mamba2" else ""
+        rows.append(
+            (
+                "Mamba",
+                f"{m.version.value}: inner {m.intermediate_size}, state {m.state_size}{heads}, conv {m.conv_kernel}",
+            )
+        )
+    if spec.linear_attention is not None:
+        g = spec.linear_attention
+        rows.append(
+            (
+                "linear attention",
+                f"gated DeltaNet: {g.num_key_heads} key heads x {g.key_head_dim}, "
+                f"{g.num_value_heads} value heads x {g.value_head_dim}, conv {g.conv_kernel}",
+            )
+        )
+    return rows
 
 
 def _attention_text(spec: ModelSpec) -> str:
@@ -142,7 +171,7 @@ def describe_model(spec: ModelSpec, entry: CatalogEntry | None = None) -> Table:
         _generic_rows(table, spec.generic)
     else:
         table.add_row("attention", _attention_text(spec))
-        for name, text in _ffn_text(spec):
+        for name, text in _mixer_rows(spec) + _ffn_text(spec):
             table.add_row(name, text)
     head = "tied to the embedding" if spec.tie_word_embeddings else "separate LM head"
     table.add_row("vocabulary", f"{spec.vocab_size:,} ({head})")

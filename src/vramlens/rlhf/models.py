@@ -200,7 +200,7 @@ def gathered_forward_bytes(spec: ModelSpec, report: MemoryReport) -> int:
     Assumes layers of equal size; the training estimator counts a root-wrapped model the same
     way (:mod:`vramlens.estimate.fsdp`)."""
     parts = parameter_breakdown(spec)
-    layers = parts.attention + parts.mlp + parts.moe_experts + parts.moe_shared + parts.moe_router + parts.norms
+    layers = parts.layers
     root = parts.total - layers
     per_element = report.peak.breakdown.get(Category.PARAMETERS, 0) / max(parts.total, 1)
     return math.ceil((root + 2 * layers / max(spec.num_layers, 1)) * per_element)

@@ -125,9 +125,17 @@ def _step(torch: Any, model: Any, ids: Any, cache: Any, tracker: Any, *, start: 
 
 
 def cache_tensors(cache: Any) -> list[Any]:
-    """Every tensor a transformers cache object holds (keys and values of each layer)."""
+    """Every tensor a transformers cache object holds: keys and values of each layer, and the
+    convolution and recurrent states a linear-attention / Mamba layer keeps in dicts by state index."""
     torch = require("torch", purpose="vramlens simulate")
     layers = getattr(cache, "layers", None)
     if layers is None:
         raise SimulationError("model: its cache is not a transformers Cache with layers; use `vramlens estimate`")
-    return [value for layer in layers for value in vars(layer).values() if isinstance(value, torch.Tensor)]
+    tensors = []
+    for layer in layers:
+        for value in vars(layer).values():
+            if isinstance(value, torch.Tensor):
+                tensors.append(value)
+            elif isinstance(value, dict):
+                tensors += [state for state in value.values() if isinstance(state, torch.Tensor)]
+    return tensors

@@ -14,6 +14,8 @@ Per token and layer a cache stores (Units: elements; multiply by the KV dtype's 
 * MLA in transformers: the decompressed keys (``heads x (nope + rope)``) and values
   (``heads x v_head_dim``), as its DeepSeek-V2/V3 attention caches them.
 
+Only layers whose mixer attends keep keys and values (Mamba and linear-attention layers keep
+a per-sequence state instead, :mod:`vramlens.estimate.infer.state_cache`).
 Sliding-window layers keep at most ``window`` tokens (transformers' sliding-window
 cache layers, vLLM's hybrid KV cache manager); chunked-attention layers (Llama 4) at most
 ``chunk`` tokens (transformers caches them in the same ``DynamicSlidingWindowLayer``, sized
@@ -88,5 +90,7 @@ def kv_cache_bytes(
     whole blocks when ``block_size`` is given, times :func:`kv_elements_per_token` x ``kv_bytes``.
     """
     per_token = kv_elements_per_token(attention, tp=tp, latent=latent) * kv_bytes
-    slots = sum(paged_tokens(cached_tokens(tokens, layer_kv_limit(layer)), block_size) for layer in layers)
+    slots = sum(
+        paged_tokens(cached_tokens(tokens, layer_kv_limit(layer)), block_size) for layer in layers if layer.attends
+    )
     return sequences * slots * per_token

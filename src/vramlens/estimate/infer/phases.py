@@ -24,6 +24,7 @@ from vramlens.categories import Category
 from vramlens.estimate.infer.context import InferenceContext
 from vramlens.estimate.infer.engines import VLLM
 from vramlens.estimate.infer.kv_cache import kv_cache_bytes
+from vramlens.estimate.infer.state_cache import HybridPages, hf_state_bytes, hybrid_pages, state_layers
 from vramlens.estimate.infer.weights import StageWeights
 from vramlens.estimate.infer.working import (
     hf_layer_working_bytes,
@@ -87,6 +88,17 @@ def _kv(
     )
 
 
+def _states(ctx: InferenceContext, stage: StageWeights) -> int:
+    """The per-sequence convolution and recurrent states transformers caches for the stage's
+    Mamba / linear-attention layers (state_cache.py); 0 for attention-only models."""
+    layers = [ctx.spec.layers[index] for index in stage.layers]
+    return hf_state_bytes(ctx.spec, layers, sequences=ctx.batch, compute_bytes=ctx.compute_bytes)
+
+
+def _attending(stage: StageWeights, ctx: InferenceContext) -> int:
+    return sum(1 for index in stage.layers if ctx.spec.layers[index].attends)
+
+
 def _per_token(ctx: InferenceContext, stage: StageWeights) -> int:
     layers = [ctx.spec.layers[index] for index in stage.layers]
     return kv_cache_bytes(
@@ -107,14 +119,16 @@ def hf_plan(ctx: InferenceContext, stage: StageWeights) -> StagePlan:
     logits = logits_bytes(spec, rows=rows, compute_bytes=cb) if stage.last else 0
     base = {_C.PARAMETERS: stage.total, _C.OTHER: CUBLAS_WORKSPACE_BYTES}
     phases = [_prefill_phase(ctx, stage, base, working=working, logits=logits)]
-    kv_full = _kv(ctx, stage, ctx.context)
+    states = _states(ctx, stage)
+    attention_kv = _kv(ctx, stage, ctx.context)
+    kv_full = attention_kv + states
     if every_position:
         notes.append(rule_note(versions, "logits_to_keep"))
         logits = logits_bytes(spec, rows=b, compute_bytes=cb) if stage.last else 0  # decode: one position
     if ctx.context > ctx.prompt:
-        layer_kv = kv_full // max(len(stage.layers), 1)
+        layer_kv = attention_kv // max(_attending(stage, ctx), 1)
         if older_than(versions, "generate_cache"):  # the old tuple cache is alive beside the new one
-            layer_kv = kv_full
+            layer_kv = attention_kv
             notes.append(rule_note(versions, "generate_cache"))
         step = hf_layer_working_bytes(
             spec, batch=b, seq_q=1, seq_kv=ctx.context, attention=ctx.attention, compute_bytes=cb, tp=ctx.tp
@@ -132,6 +146,8 @@ def hf_plan(ctx: InferenceContext, stage: StageWeights) -> StagePlan:
         engine="hf", sequences=b, tokens_per_sequence=ctx.context, kv_bytes_per_token=per_token, kv_bytes_needed=kv_full
     )
     kv_formula = f"{b} sequences x {ctx.context} tokens x {format_bytes(per_token)} per token (window-capped)"
+    if states:
+        kv_formula += f" + {b} sequences x {format_bytes(states // b)} of convolution and recurrent states"
     terms = [
         ("weights", _C.PARAMETERS, stage.total, _weights_formula(ctx, stage)),
         ("KV cache at the end", _C.KV_CACHE, kv_full, kv_formula),
@@ -159,7 +175,7 @@ def _prefill_phase(
         f"{'last layer' if layer_peak else 'LM head'} of the prefill of {ctx.prompt} tokens x {b} sequences",
         base
         | {
-            _C.KV_CACHE: _kv(ctx, stage, ctx.prompt, windowed=False),
+            _C.KV_CACHE: _kv(ctx, stage, ctx.prompt, windowed=False) + _states(ctx, stage),
             _C.ACTIVATIONS: working if layer_peak else hidden,
             _C.TEMPORARY: 0 if layer_peak else logits,
             _C.INPUTS: _INPUT_BYTES_PER_TOKEN * b * ctx.prompt,
@@ -194,6 +210,50 @@ def _runtime(ctx: InferenceContext) -> dict[str, int]:
     return runtime
 
 
+def _hybrid_pages(ctx: InferenceContext, stage: StageWeights) -> HybridPages | None:
+    """vLLM's page layout when the stage has Mamba / linear-attention layers (state_cache.py); else None."""
+    layers = [ctx.spec.layers[index] for index in stage.layers]
+    if not state_layers(layers):
+        return None
+    return hybrid_pages(
+        ctx.spec,
+        layers,
+        kv_bytes=ctx.kv_bytes,
+        state_bytes=ctx.compute_bytes,  # mamba_cache_dtype / mamba_ssm_cache_dtype auto: the model dtype
+        tp=ctx.tp,
+        block_size=ctx.workload.block_size,
+    )
+
+
+def _vllm_needed(ctx: InferenceContext, stage: StageWeights, per_token: int, notes: list[str]) -> tuple[int, int, str]:
+    """(bytes of the KV blocks ``batch`` sequences of the full context need, bytes of one block
+    number across the pool, the formula): paged attention layers, or vLLM's hybrid page layout."""
+    block = ctx.workload.block_size
+    pages = _hybrid_pages(ctx, stage)
+    if pages is None:
+        block_bytes = per_token * block
+        formula = f"{ctx.batch} x ceil({ctx.context} / {block}) blocks x {format_bytes(block_bytes)} per block"
+        return _kv(ctx, stage, ctx.context, block_size=block), block_bytes, formula
+    blocks_per_sequence = pages.blocks_per_sequence(ctx.context)
+    notes.append(_hybrid_note(pages, block))
+    formula = (
+        f"{ctx.batch} x {blocks_per_sequence} blocks ({len(pages.attention_groups)} attention group(s) x "
+        f"ceil({ctx.context} / {pages.block_size}) + {pages.state_groups} state group(s) x 1) x "
+        f"{format_bytes(pages.block_bytes)} per block ({pages.group_size} layers x {format_bytes(pages.page_bytes)} pages)"
+    )
+    return ctx.batch * blocks_per_sequence * pages.block_bytes, pages.block_bytes, formula
+
+
+def _hybrid_note(pages: HybridPages, requested: int) -> str:
+    raised = f" (raised from block_size {requested})" if pages.block_size != requested else ""
+    return (
+        f"vllm hybrid KV cache: attention blocks of {pages.block_size} tokens{raised} so that one page of "
+        f"{format_bytes(pages.page_bytes)} holds a layer's Mamba / linear-attention state; layers grouped "
+        f"{pages.group_size} per group, each state group takes one block per sequence; states in the model dtype "
+        "(mamba_cache_dtype and mamba_ssm_cache_dtype auto)"
+    )
+
+
 def vllm_plan(ctx: InferenceContext, stage: StageWeights, capacity: int | None) -> StagePlan:
     """Profile-run and serving memory of vLLM on one stage (``capacity``: the GPU's bytes, if known)."""
     workload = ctx.workload
@@ -201,12 +261,10 @@ def vllm_plan(ctx: InferenceContext, stage: StageWeights, capacity: int | None) 
     runtime = _runtime(ctx)
     base = {_C.PARAMETERS: stage.total, _C.OTHER: 0}
     profile = _phase("profile", f"profile run: {what}", base | {_C.ACTIVATIONS: activation})
-    block = workload.block_size
     per_token = _per_token(ctx, stage)
-    needed = _kv(ctx, stage, ctx.context, block_size=block)
-    per_sequence = needed // ctx.batch
-    block_bytes = per_token * block
     notes: list[str] = []
+    needed, block_bytes, blocks_formula = _vllm_needed(ctx, stage, per_token, notes)
+    per_sequence = needed // ctx.batch
     if capacity is None:
         pool, budget, blocks, concurrent = needed, None, None, None
         notes.append("vllm without a GPU: the KV pool shown is what batch x context needs")
@@ -235,7 +293,6 @@ def vllm_plan(ctx: InferenceContext, stage: StageWeights, capacity: int | None) 
         kv_blocks=blocks,
         max_concurrent_sequences=concurrent,
     )
-    blocks_formula = f"{ctx.batch} x ceil({ctx.context} / {block}) blocks x {format_bytes(block_bytes)} per block"
     terms = [
         ("weights", _C.PARAMETERS, stage.total, _weights_formula(ctx, stage)),
         ("profile activation peak", _C.ACTIVATIONS, activation, what),

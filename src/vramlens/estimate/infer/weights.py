@@ -19,9 +19,9 @@ from vramlens.estimate.infer.context import InferenceContext
 from vramlens.estimate.infer.engines import VLLM
 from vramlens.estimate.infer.kv_cache import kv_heads_per_rank
 from vramlens.estimate.weight_format import Scheme
-from vramlens.model.components import MlpKind
-from vramlens.model.modules import LinearShape, layer_linears
-from vramlens.model.params import attention_parameters, mlp_parameters, moe_parameters, norm_parameters
+from vramlens.model.components import FfnKind, LayerKind, MlpKind
+from vramlens.model.modules import LinearShape, layer_kinds, layer_linears
+from vramlens.model.params import ffn_parameters, mixer_parameters, norm_parameters
 from vramlens.workload.options import Engine
 
 __all__ = ["StageWeights", "stage_weights"]
@@ -89,24 +89,24 @@ def _linear_bytes(
     return total, elements
 
 
-def _layer_bytes(ctx: InferenceContext, moe_layer: bool, layer: int | None = None) -> float:
-    """Bytes of one decoder layer on one rank (``layer``: its index, for layer-specific skips)."""
+def _layer_bytes(ctx: InferenceContext, kind: LayerKind, layer: int | None = None) -> float:
+    """Bytes of one decoder layer of ``kind`` on one rank (``layer``: its index, for layer-specific skips)."""
     spec, tp, ep = ctx.spec, ctx.tp, ctx.workload.parallel.ep
     h = spec.hidden_size
-    elements = attention_parameters(spec.attn, h) // tp + spec.norms_per_layer * norm_parameters(spec.norm, h)
-    shapes = list(layer_linears(spec, moe_layer=moe_layer))
+    elements = sum(mixer_parameters(spec, kind.mixer).values()) // tp
+    elements += spec.norms_per_layer * norm_parameters(spec.norm, h)
+    shapes = list(layer_linears(spec, kind))
     linear, linear_elements = _linear_bytes(ctx, shapes, 1, layer)
-    if moe_layer and spec.moe is not None:
-        routed, shared, router = moe_parameters(spec.moe, h)
-        elements += routed // (ep * tp) + shared // tp + router
+    ffn = ffn_parameters(spec, kind.ffn)
+    if kind.ffn is FfnKind.MOE and spec.moe is not None:
+        elements += ffn["moe_experts"] // (ep * tp) + ffn["moe_shared"] // tp + ffn["moe_router"]
         experts, expert_elements = _linear_bytes(ctx, _expert_shapes(ctx), spec.moe.num_experts / ep, layer)
         linear += experts
         linear_elements += expert_elements
     else:
-        assert spec.mlp is not None
-        elements += mlp_parameters(spec.mlp, h) // tp
-    rest = max(elements - linear_elements, 0)  # norms, biases, routers, q/k norms
-    return linear + rest * ctx.compute_bytes + _fp32_expert_bias_bytes(ctx, moe_layer)
+        elements += sum(ffn.values()) // tp
+    rest = max(elements - linear_elements, 0)  # norms, biases, routers, q/k norms, SSM vectors and convolutions
+    return linear + rest * ctx.compute_bytes + _fp32_expert_bias_bytes(ctx, kind.ffn is FfnKind.MOE)
 
 
 def _fp32_expert_bias_bytes(ctx: InferenceContext, moe_layer: bool) -> float:
@@ -131,15 +131,17 @@ def _vocab_rows(ctx: InferenceContext) -> int:
 
 def _stage(ctx: InferenceContext, name: str, layers: range, *, first: bool, last: bool) -> StageWeights:
     spec = ctx.spec
-    moe = sum(1 for index in layers if spec.layers[index].moe)
-    per_layer = {False: _layer_bytes(ctx, False) if len(layers) > moe else 0.0}
-    if moe:
-        per_layer[True] = _layer_bytes(ctx, True)
-    layer_bytes = (len(layers) - moe) * per_layer[False] + moe * per_layer.get(True, 0.0)
+    counts: dict[LayerKind, int] = {}
+    for index in layers:
+        counts[spec.layers[index].kind] = counts.get(spec.layers[index].kind, 0) + 1
+    per_layer = {kind: _layer_bytes(ctx, kind) for kind in counts}
+    layer_bytes = 0.0
+    for kind in layer_kinds(spec):  # dense before MoE: a fixed order of the float sums
+        layer_bytes += counts.get(kind, 0) * per_layer.get(kind, 0.0)
     special = ctx.weights.skipped_layers if ctx.weights is not None else frozenset()
     for index in special & set(layers):
-        moe_layer = spec.layers[index].moe
-        layer_bytes += _layer_bytes(ctx, moe_layer, index) - per_layer[moe_layer]
+        kind = spec.layers[index].kind
+        layer_bytes += _layer_bytes(ctx, kind, index) - per_layer[kind]
     table = _vocab_rows(ctx) * spec.hidden_size * ctx.compute_bytes
     breakdown = spec.parameter_breakdown
     embedding = table + breakdown.position_embedding * ctx.compute_bytes if first else 0

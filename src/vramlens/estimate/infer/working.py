@@ -31,8 +31,9 @@ from __future__ import annotations
 from vramlens.estimate.act_fns import activation_fn
 from vramlens.estimate.infer.engines import sampler_bytes_per_logit
 from vramlens.estimate.infer.kv_cache import kv_heads_per_rank
+from vramlens.estimate.infer.mixer_working import hf_mixer_working_bytes
 from vramlens.estimate.styles import hf_style
-from vramlens.model.components import MlpKind, MoeSpec, PositionKind
+from vramlens.model.components import FfnKind, MlpKind, MoeSpec, PositionKind
 from vramlens.model.modules import layer_linears
 from vramlens.model.spec import ModelSpec
 from vramlens.workload.options import AttentionImpl
@@ -91,9 +92,10 @@ def attention_mask_bytes(
     attention kind (full, sliding, chunked). SDPA: none for causal attention (``is_causal``), a
     boolean one per sliding window shorter than the keys or attention chunk they reach. Flash
     attention: none.
+    Layers without attention (Mamba, linear attention) read none.
     Source: transformers masking_utils.py (sdpa_mask, eager_mask, _ignore_causal_mask_sdpa).
     """
-    kinds = {(layer.window, layer.chunk) for layer in spec.layers}
+    kinds = {(layer.window, layer.chunk) for layer in spec.layers if layer.attends}
     if attention is AttentionImpl.EAGER:
         return len(kinds) * batch * seq_q * seq_kv * compute_bytes
     if attention is AttentionImpl.FLASH:
@@ -136,6 +138,11 @@ def hf_mlp_tensors(spec: ModelSpec) -> int:
         return peak
     fused = any(s.group == "mlp_in" and s.out_features == 2 * spec.mlp.intermediate_size for s in layer_linears(spec))
     return max(1 + peak, 4) if fused else max(peak, 3)
+
+
+def _ffn_kinds(spec: ModelSpec) -> set[bool]:
+    """Whether the layers with a feed-forward block use the MoE block (True) or the dense MLP (False)."""
+    return {layer.ffn is FfnKind.MOE for layer in spec.layers if layer.ffn is not FfnKind.NONE}
 
 
 def _mlp_elements(
@@ -252,22 +259,34 @@ def hf_layer_working_bytes(
             attn += _masked_sdpa_bytes(spec, batch=batch, seq_q=seq_q, seq_kv=seq_kv, compute_bytes=c, tp=tp)
         attn = max(attn, _fp32_rope_bytes(spec, tokens, tp, compute_bytes=c))
     attn += tokens * _held_bytes_per_token(spec, c, mlp=False)
-    kinds = {layer.moe for layer in spec.layers}
+    kinds = _ffn_kinds(spec)
     if spec.mlp is not None and kinds == {False}:
         mlp = hf_mlp_tensors(spec) * tokens * spec.mlp.intermediate_size // tp * c
     else:
-        mlp = max(_mlp_elements(spec, tokens, tp, moe_layer=moe, fused=False, compute_bytes=c) for moe in kinds) * c
+        mlp = (
+            max(
+                (_mlp_elements(spec, tokens, tp, moe_layer=moe, fused=False, compute_bytes=c) for moe in kinds),
+                default=0,
+            )
+            * c
+        )
     mlp += tokens * _held_bytes_per_token(spec, c, mlp=True)
     masks = attention_mask_bytes(spec, attention=attention, batch=batch, seq_q=seq_q, seq_kv=seq_kv, compute_bytes=c)
-    return max(attn, mlp) + masks
+    mixers = {layer.mixer for layer in spec.layers}
+    state = max(
+        (hf_mixer_working_bytes(spec, kind, batch=batch, seq_q=seq_q, compute_bytes=c) for kind in mixers), default=0
+    )
+    if state:  # a Mamba / linear-attention mixer, beside the hidden tensors an attention half holds
+        state += tokens * _held_bytes_per_token(spec, c, mlp=False)
+    return max(attn, mlp, state) + masks
 
 
 def vllm_layer_working_bytes(spec: ModelSpec, *, tokens: int, compute_bytes: int, tp: int = 1) -> int:
     """Peak intermediates of one vLLM decoder layer over a step of ``tokens`` tokens."""
     residual = 2 * tokens * spec.hidden_size
     attn = _attention_elements(spec, tokens, tp, fused_qkv=True)
-    kinds = {layer.moe for layer in spec.layers}
-    mlp = max(_mlp_elements(spec, tokens, tp, moe_layer=moe, fused=True) for moe in kinds)
+    kinds = _ffn_kinds(spec)
+    mlp = max((_mlp_elements(spec, tokens, tp, moe_layer=moe, fused=True) for moe in kinds), default=0)
     return (residual + max(attn, mlp)) * compute_bytes
 
 

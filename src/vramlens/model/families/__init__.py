@@ -45,6 +45,11 @@ _FAMILY_MODULES = (
     "llama4",
     "qwen_vl",
     "mistral3",
+    "qwen3_next",
+    "jamba",
+    "falcon_h1",
+    "nemotron_h",
+    "granite_hybrid",
 )
 _PARSERS: dict[str, Parser] = {}
 _loaded = False
