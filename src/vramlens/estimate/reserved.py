@@ -32,7 +32,7 @@ from vramlens.allocator import AllocatorSettings
 from vramlens.allocator.pattern import pattern_peaks
 from vramlens.estimate.context import TrainingContext
 from vramlens.estimate.lora_head import training_lora_head, with_head_script
-from vramlens.estimate.loss_outputs import fp32_model_outputs, model_logits_bytes
+from vramlens.estimate.loss_outputs import fp32_model_outputs, loss_chunks, model_logits_bytes
 from vramlens.estimate.loss_pattern import LossScript, loss_script
 from vramlens.estimate.quantities import StageMemory
 from vramlens.estimate.step_pattern import step_pattern
@@ -110,10 +110,8 @@ def training_loss_script(ctx: TrainingContext, mem: StageMemory, targets: frozen
         return LossScript(forward=(), backward=())
     spec, tp = ctx.spec, ctx.workload.parallel.tp
     a = model_logits_bytes(ctx)
+    chunks = loss_chunks(ctx)
     kept = (4 if fp32_model_outputs(ctx) else a) if ctx.profile.keeps_logits else 0
-    positions = ctx.profile.chunked_loss_positions
-    seq = ctx.workload.seq // ctx.workload.parallel.cp
-    chunks = ctx.profile.chunked_loss_chunks if positions is None else seq / min(seq, positions)
     script = loss_script(
         ctx.loss,
         tokens=ctx.tokens,
