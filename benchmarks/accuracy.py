@@ -4,7 +4,7 @@ Run: ``python benchmarks/accuracy.py [--task train|infer|all] [--worst 10] [--ca
 every usable point it builds the workload (``benchmarks/scenarios.py``), estimates it, and
 compares the report level that matches what the point measured (allocated / reserved / device).
 Prints, per level, coverage, median and 90th-percentile absolute error and the share of points
-under-estimated by more than 10%; then the safe figures (``vramlens.estimate.margins``): the
+under-estimated by more than 10%; then the safe figures (``vramlens.estimator.margins``): the
 share of points at or below them and the median margin (safe / point - 1); a table per source
 and the worst points. ``--calibrate`` searches the two calibrated margin fractions
 (``RULES_FRACTION``, ``NOISE_FRACTION``) for the smallest median margin with every level's safe
@@ -26,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from scenarios import load_points, point_workload
 
 from vramlens.errors import VramlensError
-from vramlens.estimate import estimate
+from vramlens.estimator import estimate
 from vramlens.model.resolve import model_from_config
-from vramlens.report.model import MemoryReport
+from vramlens.result.report import MemoryReport
 
 
 @dataclass
@@ -176,7 +176,7 @@ def calibrate() -> tuple[float, float, dict[bool, float], dict[str, float]]:
     """(RULES_FRACTION, NOISE_FRACTION in whole percents up to 30%, ALLOCATOR_SPREAD_SCALE from
     1 to 8 for unsharded and sharded runs) with the smallest median margin for which every
     level's safe figure covers at least 95% of its points."""
-    from vramlens.estimate import margins
+    from vramlens.estimator import margins
 
     kept = margins.RULES_FRACTION, margins.NOISE_FRACTION, margins.ALLOCATOR_SPREAD_SCALE
     margins.RULES_FRACTION, margins.NOISE_FRACTION = 1.0, 1.0  # type: ignore[misc]

@@ -1,4 +1,4 @@
-"""Fit the closed-form allocator-slack fractions of ``vramlens.estimate.reserved`` to replays.
+"""Fit the closed-form allocator-slack fractions of ``vramlens.estimator.reserved`` to replays.
 
 Run: ``python benchmarks/allocator_fit.py [--cases 240]``. Prints the fractions the estimator's
 tables hold (``LAYER_SLACK_FRACTION``, ``KV_GROWTH_FRACTION``) and their spread; no public
@@ -7,7 +7,7 @@ the caching-allocator model (a few dozen requests); the slack of the per-layer t
 repeat once per layer and would cost a replay of thousands of requests per estimate, is a
 fraction of the memory they churn, and this script measures that fraction:
 
-* training: the per-layer part of the step pattern (``vramlens.estimate.step_pattern``, every
+* training: the per-layer part of the step pattern (``vramlens.estimator.step_pattern``, every
   layer, two steps, vocabulary tensors removed) replayed through ``vramlens.allocator`` for a
   seeded sample of catalog models x method x precision x recompute x sequence x batch x
   optimizer implementation x sharding; slack fitted as fractions of the three kinds of churn
@@ -32,13 +32,13 @@ import numpy as np
 from vramlens.allocator import AllocatorSettings
 from vramlens.allocator.pattern import Pattern, pattern_peaks
 from vramlens.errors import VramlensError
-from vramlens.estimate.context import resolve_training
-from vramlens.estimate.layout import param_layout
-from vramlens.estimate.loss_pattern import LossScript
-from vramlens.estimate.quantities import stage_memory
-from vramlens.estimate.reserved import layer_churn, replayed_slack
-from vramlens.estimate.step_shape import step_shape
+from vramlens.estimator.layout import param_layout
+from vramlens.estimator.loss_pattern import LossScript
+from vramlens.estimator.quantities import stage_memory
+from vramlens.estimator.reserved import layer_churn, replayed_slack
+from vramlens.estimator.step_shape import step_shape
 from vramlens.model.resolve import load_model
+from vramlens.resolve.context import resolve_training
 from vramlens.workload.load import load_workload
 
 MODELS = (

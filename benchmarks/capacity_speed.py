@@ -14,7 +14,7 @@ import statistics
 import time
 from typing import Any
 
-from vramlens.estimate import capacity
+from vramlens.estimator import capacity
 
 QUESTIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("batch", {"model": "llama-3.1-8b", "engine": "hf", "gpu": "a100-80gb", "prompt": 2048, "generate": 512}),

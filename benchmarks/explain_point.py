@@ -9,7 +9,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from scenarios import load_points, point_workload
 
-from vramlens.estimate import estimate
+from vramlens.estimator import estimate
 from vramlens.model.resolve import model_from_config
 from vramlens.units import GiB
 

@@ -112,7 +112,7 @@ def check_record(record: dict[str, Any]) -> list[str]:
 
 def estimate_block(workload: dict[str, Any]) -> dict[str, int]:
     """vramlens's estimate of a run (every level and the safe figures)."""
-    from vramlens.estimate import estimate
+    from vramlens.estimator import estimate
 
     report = estimate(workload)
     assert report.safe is not None

@@ -1,6 +1,6 @@
 """The runs of ``benchmarks/gpu_truth.py``: one measured CUDA run per child process, and simulations.
 
-A training run is the step the simulator runs (``vramlens.simulate.train``): the model computes its
+A training run is the step the simulator runs (``vramlens.simulator.train``): the model computes its
 loss from ``labels``; under mixed precision autocast and the logits converted to fp32 as
 accelerate does; ``loss.backward()``, fused AdamW ``step()``, ``zero_grad(set_to_none=True)``;
 three steps. LoRA adapters are PEFT's (all linear layers, r=16); QLoRA loads the base as
@@ -54,9 +54,9 @@ def _nvidia_smi_bytes(pid: int) -> int | None:
 
 def _model(workload: Any, torch: Any) -> Any:
     """The transformers model of the workload on the GPU, random weights, with PEFT adapters."""
-    from vramlens.estimate.context import resolve_training
-    from vramlens.estimate.infer.context import resolve_inference
-    from vramlens.simulate.build import hf_config, torch_dtype
+    from vramlens.estimator.infer.context import resolve_inference
+    from vramlens.resolve.context import resolve_training
+    from vramlens.simulator.build import hf_config, torch_dtype
 
     transformers = __import__("transformers")
     infer = workload.mode.value == "infer"
@@ -159,7 +159,7 @@ def measure_run(entry: dict[str, Any], out: Path) -> None:
 def simulate_runs(entries: list[dict[str, Any]], out: Path) -> None:
     """Simulate each entry (fake tensors, CPU) and write ``<id>.simulation.json``; failures are skipped."""
     from vramlens.errors import VramlensError
-    from vramlens.simulate import simulate
+    from vramlens.simulator import simulate
 
     for entry in entries:
         try:

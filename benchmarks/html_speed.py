@@ -26,8 +26,8 @@ import numpy as np
 
 from vramlens.categories import Category
 from vramlens.report.html import save_html
-from vramlens.report.model import MemoryReport, PhaseMemory
-from vramlens.trace.timeline import CATEGORY_ORDER, Timeline
+from vramlens.result.report import MemoryReport, PhaseMemory
+from vramlens.result.timeline import CATEGORY_ORDER, Timeline
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [

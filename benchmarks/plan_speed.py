@@ -15,7 +15,7 @@ import statistics
 import time
 from typing import Any
 
-from vramlens.plan import plan
+from vramlens.planner import plan
 
 SCENARIOS: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = (
     ("8B full, 1 x A100-80GB", {"model": "llama-3.1-8b"}, {"gpu": "a100-80gb", "gpus": 1}),

@@ -29,7 +29,7 @@ _DERIVE = textwrap.dedent(
     t = time.perf_counter()
     {_CONFIG}
     from vramlens.model.generic import describe_config
-    from vramlens.estimate import estimate
+    from vramlens.estimator import estimate
     spec = describe_config(config, model_type="gpt_oss", source="gpt-oss-120b")
     times = {{"read the module tree": time.perf_counter() - t}}
     with open(sys.argv[2], "w") as stream:
@@ -41,11 +41,11 @@ _DERIVE = textwrap.dedent(
     # Yardstick: one untracked fake forward + backward of the same cut model.
     import importlib, torch
     from torch._subclasses.fake_tensor import FakeTensorMode
-    recipe = importlib.import_module("vramlens.simulate.recipe")
-    from vramlens.simulate.build import real_code_paths
+    recipe = importlib.import_module("vramlens.simulator.recipe")
+    from vramlens.simulator.build import real_code_paths
     from vramlens.model.generic.reader import build_meta_model
     model, _ = build_meta_model(config, "gpt_oss")
-    chosen = importlib.import_module("vramlens.simulate._recipe_trace")._subset(spec.generic)
+    chosen = importlib.import_module("vramlens.simulator._recipe_trace")._subset(spec.generic)
     model.model.layers = torch.nn.ModuleList([model.model.layers[i] for i in chosen])
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     with real_code_paths():
@@ -65,7 +65,7 @@ _ESTIMATE = textwrap.dedent(
     """
     import json, sys, time
     from vramlens.model.generic import describe_config
-    from vramlens.estimate import estimate
+    from vramlens.estimator import estimate
     with open(sys.argv[2]) as stream:
         config = json.load(stream)
     spec = describe_config(config, model_type="gpt_oss", source="gpt-oss-120b")

@@ -7,7 +7,7 @@ Columns, in decimal GB (10**9 bytes) per GPU as the seed prints them:
 
 * **seed example**: the numbers the seed's example output prints (:data:`SEED_EXAMPLE`);
 * **seed formulas**: the seed script's own formulas for the scenario, divided by TP=8 as its
-  example does (:func:`vramlens.report.rlhf_seed.seed_per_gpu`: "the seed's model");
+  example does (:func:`vramlens.rlhf.render.seed.seed_per_gpu`: "the seed's model");
 * **vramlens**: :func:`vramlens.rlhf.rlhf_estimate` of :data:`SEED_SETUP` (PPO, four
   Llama-3.1-70B models, TP=8 on 8 x H100 80GB, HF generate, 32 prompts of 1024 + 1024 tokens,
   all colocated, as the seed's phases start out), allocated bytes on the busiest GPU;
@@ -24,7 +24,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-from vramlens.report.rlhf_seed import (
+from vramlens.rlhf import RlhfReport, load_rlhf, rlhf_estimate
+from vramlens.rlhf.render.seed import (
     SEED_EXAMPLE,
     SEED_SETUP,
     SEED_SWAPPED_SETUP,
@@ -33,7 +34,6 @@ from vramlens.report.rlhf_seed import (
     compare_with_seed,
     seed_per_gpu,
 )
-from vramlens.rlhf import RlhfReport, load_rlhf, rlhf_estimate
 
 GB = 1e9
 

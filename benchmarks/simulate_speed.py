@@ -54,7 +54,7 @@ CASES: dict[str, dict[str, Any]] = {
 _CHILD = """
 import json, resource, sys, time
 start = time.perf_counter()
-from vramlens.simulate import simulate
+from vramlens.simulator import simulate
 imported = time.perf_counter()
 report = simulate(json.loads(sys.argv[1]), steps=int(sys.argv[2]))
 done = time.perf_counter()

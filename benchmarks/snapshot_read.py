@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from vramlens.trace.timeline import Timeline
+    from vramlens.result.timeline import Timeline
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -21,7 +21,7 @@ import os
 import time
 from collections.abc import Callable
 
-from vramlens.estimate import estimate
+from vramlens.estimator import estimate
 from vramlens.model.resolve import load_model, model_from_config
 from vramlens.workload.load import load_workload
 

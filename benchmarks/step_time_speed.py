@@ -1,4 +1,4 @@
-"""Time of ``vramlens.estimate.step_time`` (issue 8: 1000 calls in < 0.2 s, i.e. < 0.2 ms each).
+"""Time of ``vramlens.estimator.step_time`` (issue 8: 1000 calls in < 0.2 s, i.e. < 0.2 ms each).
 
 Run: ``python benchmarks/step_time_speed.py [--calls 1000]``. Prints figures; it is not a
 pass/fail test. Workloads are loaded once (as the planner holds them); each line times
@@ -11,7 +11,7 @@ import argparse
 import time
 from typing import Any
 
-from vramlens.estimate import step_time
+from vramlens.estimator.time import step_time
 from vramlens.workload.load import load_workload
 
 WORKLOADS: tuple[dict[str, Any], ...] = (

@@ -6,7 +6,7 @@ uvicorn worker, as users run it) on a free port; the client opens 200 connection
 burst, so the answer cache cannot help), as the page asks for them
 (``/api/estimate?report=false``), and times each from its send to its whole answer. The
 yardstick, run in the same process: the same 200 estimates computed one after another by
-``vramlens.estimate`` (what the server must do at the least). Printed per burst: p50, p99 and
+``vramlens.estimator`` (what the server must do at the least). Printed per burst: p50, p99 and
 max in ms and the p99 as a ratio to the yardstick's total (1.0 = the server answers the last
 request as fast as a single process could compute all 200). The web page's target was p99 at
 most 200 ms on a quiet machine; this is a benchmark, not a pass/fail test (the deterministic
@@ -86,7 +86,7 @@ async def _burst(port: int, bodies: list[dict[str, object]]) -> list[float]:
 
 
 def _yardstick(bodies: list[dict[str, object]]) -> float:
-    from vramlens.estimate import estimate
+    from vramlens.estimator import estimate
 
     start = time.perf_counter()
     for body in bodies:

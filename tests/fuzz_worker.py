@@ -23,9 +23,9 @@ PAGE = "\x00PAGE\x00"  # separates terminal text from an HTML page in what a rea
 
 
 def _view(path: Path) -> str:
+    from vramlens.forensics.sources import open_source
+    from vramlens.forensics.view import build_view
     from vramlens.report.html import render_html
-    from vramlens.report.sources import open_source
-    from vramlens.report.view import build_view
     from vramlens.report.view_text import view_renderable
 
     view = build_view(open_source(path))
@@ -44,7 +44,7 @@ def _rendered(renderable: Any) -> str:
 
 
 def _workload(path: Path) -> str:
-    from vramlens.estimate import estimate
+    from vramlens.estimator import estimate
     from vramlens.report.html import render_html
     from vramlens.report.text import report_renderable
     from vramlens.workload import load_workload, read_workload_file
@@ -69,7 +69,7 @@ def _matrix(path: Path) -> str:
 
 
 def _config(path: Path) -> str:
-    from vramlens.estimate import estimate
+    from vramlens.estimator import estimate
     from vramlens.model.resolve import load_model
     from vramlens.report.html import render_html
     from vramlens.report.model_view import breakdown_table, describe_model
@@ -87,8 +87,8 @@ def _safetensors(path: Path) -> str:
 
 def _store(path: Path) -> str:
     from vramlens._untrusted import terminal_text
+    from vramlens.experiments.render.table import experiment_markdown, experiment_text
     from vramlens.experiments.store import ResultStore
-    from vramlens.report.experiment_table import experiment_markdown, experiment_text
 
     rows = ResultStore(path).rows()
     return terminal_text(
@@ -124,7 +124,7 @@ def _web(path: Path) -> str:
 
 def _run_config(path: Path) -> str:
     """``vramlens estimate --from FILE``: the reading, then the estimate with its notes."""
-    from vramlens.estimate import estimate
+    from vramlens.estimator import estimate
     from vramlens.report.text import report_renderable
     from vramlens.workload import load_workload
     from vramlens.workload.sources import read_run_config

@@ -223,7 +223,7 @@ def zlib_ratio(data: bytes) -> float:
 
 def tiny_timeline_npz(path: Path) -> Path:
     """A valid two-event vramlens timeline."""
-    from vramlens.trace.timeline import Timeline
+    from vramlens.result.timeline import Timeline
     from vramlens.trace.timeline_io import save_timeline
 
     timeline = Timeline(

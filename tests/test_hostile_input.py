@@ -140,8 +140,8 @@ def test_3_absurd_plan_inputs_are_one_line_errors_at_once() -> None:
 def test_3_a_plan_stops_at_its_budget_and_when_cancelled() -> None:
     import threading
 
-    from vramlens.plan import plan
-    from vramlens.plan.budget import PlanBudget, PlanCancelled, PlanTooLarge
+    from vramlens.planner import plan
+    from vramlens.planner.budget import PlanBudget, PlanCancelled, PlanTooLarge
 
     workload = {"model": "llama-3.1-8b", "gpu": "h100-80gb", "parallel": {"gpus": 64, "shard": "fsdp"}}
     with pytest.raises(PlanTooLarge) as caught:
@@ -157,7 +157,7 @@ def test_3_a_plan_stops_at_its_budget_and_when_cancelled() -> None:
 
 
 def test_3_divisors_and_micro_batches_take_no_walk_over_integers() -> None:
-    from vramlens.plan.candidates import _divisors, _micro_batches
+    from vramlens.planner.candidates import _divisors, _micro_batches
     from vramlens.workload import load_workload
 
     assert _divisors(2**20) == [2**k for k in range(21)]

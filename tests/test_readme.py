@@ -62,7 +62,7 @@ def test_sample_output_matches_the_estimator() -> None:
     for value in (report.allocated_bytes, report.reserved_bytes, report.device_bytes):
         assert format_bytes(value) in sample
     assert f"headroom {format_bytes(report.headroom_bytes or 0)}" in sample
-    from vramlens.report.settings import settings_lines
+    from vramlens.result.settings import settings_lines
 
     for line in settings_lines(report):  # the defaults it used, as the first lines say them
         assert line in sample, line

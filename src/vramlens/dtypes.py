@@ -153,7 +153,7 @@ def nf4_scale_bytes(numel: int, *, block_size: int = 64, double_quant: bool = Fa
 #: fp32 elements of the per-tensor constants of one bitsandbytes 4-bit ``QuantState`` on the
 #: GPU: the NF4 code book every layer gets from ``get_4bit_type``, and with double quantization
 #: the nested state's copy of the 256-entry dynamic map and the 0-dim absmax offset
-#: (bitsandbytes 0.49 ``functional.quantize_4bit``; counted to the byte by vramlens.simulate.quant).
+#: (bitsandbytes 0.49 ``functional.quantize_4bit``; counted to the byte by vramlens.simulator.quant).
 NF4_STATE_CONSTANTS = {"code": 16, "nested_code": 256, "offset": 1}
 
 

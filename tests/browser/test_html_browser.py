@@ -22,13 +22,13 @@ import pytest
 from browser_helpers import NEEDS_CHROMIUM, chromium
 
 from vramlens.categories import Category
-from vramlens.estimate import estimate
+from vramlens.estimator import estimate
+from vramlens.forensics.sources import open_source
+from vramlens.forensics.view import build_view
 from vramlens.report.html import save_html
 from vramlens.report.palette import PALETTE
-from vramlens.report.sources import open_source
-from vramlens.report.view import build_view
+from vramlens.result.timeline import CATEGORY_ORDER, Timeline, TimelineBuilder
 from vramlens.snapshot import save_snapshot
-from vramlens.trace.timeline import CATEGORY_ORDER, Timeline, TimelineBuilder
 
 pytestmark = NEEDS_CHROMIUM
 SCRIPT_PAYLOAD = "<script>window.__pwned=1</script>"

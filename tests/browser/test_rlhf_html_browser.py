@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from browser_helpers import NEEDS_CHROMIUM, chromium
 
-from vramlens.report.rlhf_html import save_rlhf_html
 from vramlens.rlhf import RlhfReport, load_rlhf, rlhf_estimate
+from vramlens.rlhf.render.html import save_rlhf_html
 
 pytestmark = NEEDS_CHROMIUM
 PAYLOAD = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=1</script>'

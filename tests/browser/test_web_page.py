@@ -24,8 +24,8 @@ from browser_helpers import NEEDS_CHROMIUM, chromium
 
 from vramlens.cli.app import main
 from vramlens.model.catalog import find_entry
+from vramlens.result.timeline import CATEGORY_ORDER, TimelineBuilder
 from vramlens.snapshot import save_snapshot
-from vramlens.trace.timeline import CATEGORY_ORDER, TimelineBuilder
 
 pytestmark = [
     *NEEDS_CHROMIUM,

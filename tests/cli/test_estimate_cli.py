@@ -13,7 +13,7 @@ import pytest
 
 from conftest import tiny_llama_config
 from vramlens.cli import main
-from vramlens.estimate import estimate
+from vramlens.estimator import estimate
 from vramlens.units import format_bytes
 
 MODEL = "llama-3.1-8b"

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from vramlens.cli import main
-from vramlens.estimate import estimate
+from vramlens.estimator import estimate
 from vramlens.workload.sources import read_run_config
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -11,8 +11,8 @@ import pytest
 
 import vramlens
 from vramlens.cli import main
-from vramlens.estimate import estimate
-from vramlens.estimate.capacity import search_capacity
+from vramlens.estimator import estimate
+from vramlens.estimator.capacity import search_capacity
 
 MODEL = "llama-3.1-8b"
 VLLM_ARGS = [MODEL, "--mode", "infer", "--engine", "vllm", "--gpu", "h100-80gb"]

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from vramlens.cli import main
-from vramlens.estimate import estimate
+from vramlens.estimator import estimate
 
 
 def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -51,7 +51,7 @@ def test_json_candidates_carry_full_workloads_best_first(capsys: pytest.CaptureF
 
 def test_impossible_request_says_so(capsys: pytest.CaptureFixture[str]) -> None:
     # 405B on one 24 GB L4: even ZeRO-3 with everything offloaded holds two gathered layers
-    # (one A100-80GB does: tests/plan/test_plan.py::test_impossible_request_names_the_smallest_setup)
+    # (one A100-80GB does: tests/planner/test_plan.py::test_impossible_request_names_the_smallest_setup)
     status, out, _ = run(["plan", "llama-3.1-405b", "--gpu", "l4", "--format", "json"], capsys)
     assert status == 0
     data = json.loads(out)
@@ -120,7 +120,7 @@ def test_progress_bar_appears_on_a_slow_search(
 
 
 def test_cheapest_prints_the_steps_and_json_matches_the_api(capsys: pytest.CaptureFixture[str]) -> None:
-    from vramlens.plan import cheapest_change
+    from vramlens.planner import cheapest_change
 
     args = ["plan", "llama-3.2-1b", "--batch", "16", "--seq", "4096", "--gpu", "rtx-4090", "--cheapest"]
     status, out, err = run(args, capsys)
@@ -135,7 +135,7 @@ def test_cheapest_prints_the_steps_and_json_matches_the_api(capsys: pytest.Captu
 
 
 def test_min_gpus_answers_in_table_and_json(capsys: pytest.CaptureFixture[str]) -> None:
-    from vramlens.plan import min_gpus
+    from vramlens.planner import min_gpus
 
     expected = min_gpus({"model": "qwen2.5-32b", "batch": 1}, "a100-80gb")
     status, out, err = run(["plan", "qwen2.5-32b", "--batch", "1", "--gpu", "a100-80gb", "--min-gpus"], capsys)

@@ -12,7 +12,7 @@ import pytest
 
 from vramlens.categories import Category
 from vramlens.cli.app import main
-from vramlens.estimate.capacity import max_batch
+from vramlens.estimator.capacity import max_batch
 from vramlens.report.palette import PALETTE
 
 MODEL = "llama-3.2-1b"

@@ -15,8 +15,8 @@ import pytest
 
 from vramlens.categories import Category
 from vramlens.cli.app import main
-from vramlens.simulate.report import allocated_timeline
-from vramlens.trace.timeline import CATEGORY_ORDER, Timeline, TimelineBuilder
+from vramlens.result.timeline import CATEGORY_ORDER, Timeline, TimelineBuilder
+from vramlens.simulator.report import allocated_timeline
 from vramlens.trace.timeline_io import save_timeline
 
 PARAMS, ACT, TEMP, GRADS = Category.PARAMETERS, Category.ACTIVATIONS, Category.TEMPORARY, Category.GRADIENTS

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from vramlens.report.experiment_table import experiment_markdown, experiment_rows, experiment_text
+from vramlens.experiments.render.table import experiment_markdown, experiment_rows, experiment_text
 from vramlens.units import GiB, MiB
 
 ROWS: list[dict[str, Any]] = [
@@ -49,7 +49,7 @@ def test_markdown_table_switches_to_gib_for_large_peaks() -> None:
 
 def test_plot_draws_every_measured_run(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    from vramlens.report.experiment_plot import save_experiment_plot
+    from vramlens.experiments.render.plot import save_experiment_plot
 
     target = save_experiment_plot(ROWS, tmp_path / "e.svg", device="cpu")
     svg = target.read_text()

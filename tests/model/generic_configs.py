@@ -66,7 +66,7 @@ def small_config(model_type: str) -> dict[str, Any]:
 
 
 #: Types without a native family whose recipe-based estimates are checked against the simulator
-#: (tests/simulate/test_recipe_agreement.py): transformers' default config with 4 layers (the
+#: (tests/simulator/test_recipe_agreement.py): transformers' default config with 4 layers (the
 #: layer pattern of each kept), one or more of each kind of architecture: dense decoders with
 #: every position scheme (rotary, partial rotary, ALiBi, learned), parallel blocks, MoE, hybrids
 #: with convolution or linear-attention layers.

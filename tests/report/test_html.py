@@ -16,10 +16,10 @@ import pytest
 
 from vramlens.categories import Category
 from vramlens.errors import InputError
-from vramlens.estimate import estimate
+from vramlens.estimator import estimate
+from vramlens.forensics.view import build_view
 from vramlens.report.html import CSP, embed_json, render_html, save_html
-from vramlens.report.view import build_view
-from vramlens.trace.timeline import CATEGORY_ORDER, Timeline, TimelineBuilder
+from vramlens.result.timeline import CATEGORY_ORDER, Timeline, TimelineBuilder
 
 SCRIPT_PAYLOAD = "</script><script>alert(1)</script>"
 IMG_PAYLOAD = '"><img src=x onerror=alert(2)>'

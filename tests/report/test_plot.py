@@ -19,11 +19,11 @@ from conftest import requires_hf
 from vramlens.categories import Category
 from vramlens.cli.app import main
 from vramlens.errors import InputError, MissingExtraError
-from vramlens.estimate import estimate
-from vramlens.report.model import MemoryReport, PhaseMemory
+from vramlens.estimator import estimate
 from vramlens.report.palette import PALETTE
 from vramlens.report.plot import band_path, save_comparison, save_plot
-from vramlens.trace.timeline import CATEGORY_ORDER, TimelineBuilder
+from vramlens.result.report import MemoryReport, PhaseMemory
+from vramlens.result.timeline import CATEGORY_ORDER, TimelineBuilder
 from vramlens.trace.timeline_io import save_timeline
 from vramlens.units import GiB, MiB
 
@@ -313,7 +313,7 @@ def test_names_from_files_are_drawn_as_plain_text(tmp_path: Path) -> None:
 
 def test_the_inference_subtitle_shows_the_inference_settings() -> None:
     """It said 'infer | full | batch 4 x seq 2048', training keys an inference run does not read."""
-    from vramlens.estimate import estimate
+    from vramlens.estimator import estimate
     from vramlens.report.plot import workload_facts
 
     hf = estimate({"model": "llama-3.1-8b", "mode": "infer", "prompt": 512, "generate": 64, "quant": "nf4"})

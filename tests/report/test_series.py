@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from vramlens.categories import Category
-from vramlens.estimate import estimate
+from vramlens.estimator import estimate
 from vramlens.report.series import lod_indices, report_series, timeline_series
-from vramlens.trace.timeline import CATEGORY_ORDER, TimelineBuilder
+from vramlens.result.timeline import CATEGORY_ORDER, TimelineBuilder
 
 
 def _code(category: Category) -> int:

@@ -10,9 +10,9 @@ import pytest
 from rich.console import Console
 
 from vramlens.categories import Category
-from vramlens.estimate import estimate
-from vramlens.report.model import MemoryReport, PhaseMemory, Term
+from vramlens.estimator import estimate
 from vramlens.report.text import markdown_report, print_report, report_renderable
+from vramlens.result.report import MemoryReport, PhaseMemory, Term
 from vramlens.units import GiB, format_bytes
 
 MODEL = "llama-3.1-8b"

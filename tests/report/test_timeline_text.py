@@ -14,8 +14,7 @@ from rich.console import Console
 
 from vramlens.categories import Category
 from vramlens.cli.app import main
-from vramlens.estimate import estimate
-from vramlens.report.model import MemoryReport
+from vramlens.estimator import estimate
 from vramlens.report.series import StackedSeries, report_series, timeline_series
 from vramlens.report.text import report_renderable
 from vramlens.report.timeline_text import (
@@ -25,7 +24,8 @@ from vramlens.report.timeline_text import (
     render_timeline,
     timeline_text,
 )
-from vramlens.trace.timeline import CATEGORY_ORDER, TimelineBuilder
+from vramlens.result.report import MemoryReport
+from vramlens.result.timeline import CATEGORY_ORDER, TimelineBuilder
 from vramlens.trace.timeline_io import save_timeline
 from vramlens.units import GiB
 

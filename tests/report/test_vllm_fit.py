@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from vramlens.cli import main
-from vramlens.estimate import estimate
+from vramlens.estimator import estimate
 from vramlens.report.text import fit_line, markdown_report
 from vramlens.units import format_bytes
 

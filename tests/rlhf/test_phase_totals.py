@@ -13,7 +13,7 @@ The model is a tiny llama (hidden 256, 2 layers, 4 heads, 2 KV heads of 64, MLP 
 * reference log-probs add bf16 logits of every position: tokens x vocab x 2 bytes.
 
 The per-phase working memory of a busy model (activations, temporaries, workspace) is the
-estimator's own, taken here from an independent ``vramlens.estimate`` call: the test checks
+estimator's own, taken here from an independent ``vramlens.estimator`` call: the test checks
 the rlhf engine composes the step correctly from hand-computed resident parts.
 """
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from vramlens.cli import main
-from vramlens.report.rlhf_seed import SEED_SETUP
 from vramlens.rlhf import load_rlhf, rlhf_estimate
+from vramlens.rlhf.render.seed import SEED_SETUP
 
 
 def test_the_seed_step_gets_the_combination_that_fits() -> None:

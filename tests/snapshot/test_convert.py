@@ -12,8 +12,8 @@ import pytest
 from layouts import EXPECTED, T0, reference_peak_end, scenario_snapshot, synthetic_snapshot
 
 from vramlens.categories import Category
+from vramlens.result.timeline import CATEGORY_ORDER, Timeline
 from vramlens.snapshot import load_snapshot, snapshot_timeline
-from vramlens.trace.timeline import CATEGORY_ORDER, Timeline
 
 A, B, C = 0x7000_0000_0000, 0x7000_0000_1000, 0x7000_0000_2000
 

@@ -17,8 +17,8 @@ import pytest
 from conftest import requires_hf
 from vramlens.categories import Category
 from vramlens.errors import InputError
+from vramlens.result.timeline import CATEGORY_ORDER, Timeline, TimelineBuilder
 from vramlens.snapshot.infer import Label, Stage, infer_categories, phase_stage, stack_label
-from vramlens.trace.timeline import CATEGORY_ORDER, Timeline, TimelineBuilder
 
 TORCH = "/usr/lib/python3.11/site-packages/torch"
 USER = "/home/me/train.py"

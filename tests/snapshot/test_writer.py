@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 from vramlens.allocator import replay, round_size
 from vramlens.categories import Category
 from vramlens.errors import InputError
+from vramlens.result.timeline import CATEGORY_ORDER, Timeline, TimelineBuilder
 from vramlens.snapshot.writer import ADDRESS_BASE, save_snapshot, timeline_to_snapshot
-from vramlens.trace.timeline import CATEGORY_ORDER, Timeline, TimelineBuilder
 
 MIB = 1 << 20
 PARAMS, ACTS = CATEGORY_ORDER.index(Category.PARAMETERS), CATEGORY_ORDER.index(Category.ACTIVATIONS)
@@ -491,7 +491,7 @@ def test_writing_and_inferring_import_no_torch() -> None:
         "import sys\n"
         "from vramlens.snapshot.writer import timeline_to_snapshot\n"
         "from vramlens.snapshot.infer import infer_categories\n"
-        "from vramlens.trace.timeline import TimelineBuilder\n"
+        "from vramlens.result.timeline import TimelineBuilder\n"
         "b = TimelineBuilder(); b.append(0, 100, 0, 0, -1, -1, b.code('stack', 'a.py:1 in f'))\n"
         "timeline_to_snapshot(b.build()); infer_categories(b.build())\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"

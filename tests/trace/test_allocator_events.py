@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from vramlens.categories import Category
+from vramlens.result.timeline import CATEGORY_ORDER, Timeline
 from vramlens.trace._allocator import AllocatorEvent, merge_allocator_events
-from vramlens.trace.timeline import CATEGORY_ORDER, Timeline
 
 START = 1_000_000_000  # Unix ns of the tracker's time 0
 US = 1000  # times below are in microseconds

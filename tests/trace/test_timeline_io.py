@@ -19,7 +19,7 @@ import pytest
 
 from vramlens.categories import Category
 from vramlens.errors import InputError
-from vramlens.trace.timeline import CATEGORY_ORDER, Timeline
+from vramlens.result.timeline import CATEGORY_ORDER, Timeline
 from vramlens.trace.timeline_io import FORMAT, VERSION, load_timeline, save_timeline
 
 DTYPES = {

@@ -22,7 +22,7 @@ from torch import nn  # noqa: E402
 
 from conftest import requires_hf  # noqa: E402
 from vramlens.categories import Category  # noqa: E402
-from vramlens.trace.timeline import CATEGORY_ORDER, Timeline  # noqa: E402
+from vramlens.result.timeline import CATEGORY_ORDER, Timeline  # noqa: E402
 from vramlens.trace.tracker import MemoryTracker, StorageTracker, track  # noqa: E402
 
 PARAMS, GRADS, STATE = Category.PARAMETERS, Category.GRADIENTS, Category.OPTIMIZER_STATE

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from web_helpers import web_client
 
 from vramlens.errors import InputError
-from vramlens.estimate import estimate
+from vramlens.estimator import estimate
 
 SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 SMALL_MODELS = ["gpt2", "qwen2.5-0.5b", "llama-3.2-1b", "llama-3.1-8b", "mixtral-8x7b", "deepseek-v3"]

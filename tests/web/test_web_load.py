@@ -101,7 +101,7 @@ def _levels(answer: bytes) -> dict[str, int]:
 
 
 def test_200_concurrent_estimates_are_all_answered_correctly(server: int) -> None:
-    from vramlens.estimate import estimate
+    from vramlens.estimator import estimate
 
     bodies = _bodies(1)
     results = asyncio.run(_burst(server, bodies))

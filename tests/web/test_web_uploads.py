@@ -18,8 +18,8 @@ from conftest import write_safetensors
 from vramlens.categories import Category
 from vramlens.model.catalog import find_entry
 from vramlens.model.safetensors import read_checkpoint
+from vramlens.result.timeline import CATEGORY_ORDER, Timeline, TimelineBuilder
 from vramlens.snapshot import save_snapshot
-from vramlens.trace.timeline import CATEGORY_ORDER, Timeline, TimelineBuilder
 
 MIB = 2**20
 

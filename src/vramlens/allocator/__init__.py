@@ -2,7 +2,7 @@
 
 Used by the simulator (a recorded timeline replayed: :func:`replay`), by snapshot writing and
 forensics, and by the analytic estimator, which replays the allocation pattern its own terms
-imply (:mod:`vramlens.estimate.reserved`). Nothing here imports torch.
+imply (:mod:`vramlens.estimator.reserved`). Nothing here imports torch.
 """
 
 from __future__ import annotations

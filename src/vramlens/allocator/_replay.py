@@ -20,10 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import Any
-
-import numpy as np
-from numpy.typing import NDArray
+from typing import TYPE_CHECKING, Any
 
 from vramlens.allocator._alloc_conf import parse_conf
 from vramlens.allocator._blocks import (
@@ -38,6 +35,10 @@ from vramlens.allocator._blocks import (
     round_request,
 )
 from vramlens.allocator._caching import CachingAllocatorModel
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
 
 __all__ = [
     "AllocatorSettings",
@@ -210,6 +211,8 @@ def replay(
 
 def _event_lists(sizes: Any, keys: Any, streams: Any) -> tuple[list[int], list[int], Any]:
     """Validate the event arrays and turn them into Python lists (no per-event numpy scalars)."""
+    import numpy as np  # here, not at import: an estimate replays lists and never loads numpy
+
     size_array = np.asarray(sizes)
     key_array = np.asarray(keys)
     if size_array.ndim != 1 or key_array.shape != size_array.shape:
@@ -254,6 +257,8 @@ def _drive(
 
 
 def _result(allocated: list[int], reserved: list[int], ooms: list[int], segments: int) -> ReplayResult:
+    import numpy as np
+
     allocated_array = np.array(allocated, dtype=np.int64)
     reserved_array = np.array(reserved, dtype=np.int64)
     allocated_array.setflags(write=False)

@@ -1,7 +1,7 @@
 """Allocation patterns: a short list of allocations and frees, replayed for its two peaks.
 
 The analytic estimator describes a step as the tensors its terms imply, in the order the code
-creates and frees them (:mod:`vramlens.estimate.reserved`); :func:`pattern_peaks` runs that
+creates and frees them (:mod:`vramlens.estimator.reserved`); :func:`pattern_peaks` runs that
 list through the caching-allocator model (:class:`~vramlens.allocator._caching.CachingAllocatorModel`,
 the same model the simulator replays its recorded timelines through) and returns the peak of
 ``allocated`` and of ``reserved``. No numpy, no per-event arrays: a pattern has hundreds of

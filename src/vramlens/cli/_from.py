@@ -10,12 +10,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from vramlens.errors import InputError
-from vramlens.workload.sources import FORMATS, SourcedWorkload, read_run_config
+from vramlens.workload.sources._formats import FORMATS
+
+if TYPE_CHECKING:
+    from vramlens.workload.sources import SourcedWorkload
 
 __all__ = ["WorkloadInputs", "from_options", "overridden_keys", "with_source"]
 
@@ -76,6 +79,8 @@ def read_source(options: Mapping[str, Any], config: str | None) -> SourcedWorklo
         return None
     if config is not None:
         raise InputError("--from and -c/--config: give one workload base, not both (flags override either)")
+    from vramlens.workload.sources import read_run_config
+
     return read_run_config(path, format=options.get("from_format"))
 
 

@@ -16,7 +16,7 @@ import click
 
 from vramlens.cli._output import echo
 from vramlens.errors import InputError
-from vramlens.report.model import MemoryReport
+from vramlens.result.report import MemoryReport
 
 __all__ = ["check_pictures", "picture_options", "write_pictures"]
 

@@ -3,7 +3,7 @@
 
 The same flags and conventions as :mod:`vramlens.cli._pictures` (bad paths refused before any work,
 "written to" on stderr so JSON output stays clean); the renderers are the RLHF ones in ``report/``
-(:mod:`~vramlens.report.rlhf_text`, :mod:`~vramlens.report.rlhf_plot`, :mod:`~vramlens.report.rlhf_html`),
+(:mod:`~vramlens.rlhf.render.text`, :mod:`~vramlens.rlhf.render.plot`, :mod:`~vramlens.rlhf.render.html`),
 imported only when needed: matplotlib only for ``--plot``.
 """
 
@@ -47,17 +47,17 @@ def show_rlhf_pictures(
 ) -> None:
     """Print the terminal timeline (table format) and write the files the flags asked for."""
     if fmt == "table" and timeline:
-        from vramlens.report.rlhf_text import RlhfTimeline
         from vramlens.report.terminal import terminal_console
+        from vramlens.rlhf.render.text import RlhfTimeline
 
         console = terminal_console()
         console.print()
         console.print(RlhfTimeline(report=report, ascii=ascii_only))
     if plot_path is not None:
-        from vramlens.report.rlhf_plot import plot_rlhf
+        from vramlens.rlhf.render.plot import plot_rlhf
 
         echo(f"plot: written to {plot_rlhf(report, plot_path)}", err=True)
     if html_path is not None:
-        from vramlens.report.rlhf_html import save_rlhf_html
+        from vramlens.rlhf.render.html import save_rlhf_html
 
         echo(f"html: written to {save_rlhf_html(report, html_path)}", err=True)

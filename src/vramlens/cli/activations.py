@@ -52,7 +52,7 @@ def activations_command(
     forward on fake tensors (no weights, no GPU), beside seed 002's own count (every module, float32,
     one token) and its published linear heuristic."""
     from vramlens.model.resolve import load_model
-    from vramlens.simulate.activations import count_activations
+    from vramlens.simulator.activations import count_activations
 
     spec = load_model(model)
     chosen = seq
@@ -62,7 +62,7 @@ def activations_command(
     count = count_activations(spec, batch=batch, seq=chosen, precision=precision, attention=attention)
     seed = None
     if seed_count:
-        from vramlens.simulate.seed_count import seed_count as count_seed
+        from vramlens.simulator.seed_count import seed_count as count_seed
 
         seed = count_seed(spec)
     if fmt == "json":

@@ -7,6 +7,7 @@ No traceback is shown for anything a user can cause.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import sys
@@ -16,41 +17,51 @@ import click
 from vramlens._untrusted import abridge, terminal_text
 from vramlens._version import __version__
 from vramlens.cli._output import echo
-from vramlens.cli.activations import activations_command
-from vramlens.cli.estimate import estimate_command
-from vramlens.cli.experiment import experiment_command
-from vramlens.cli.gpus import gpus_command
-from vramlens.cli.models import models
-from vramlens.cli.plan import plan_command
-from vramlens.cli.rlhf import rlhf_command
-from vramlens.cli.serve import serve_command
-from vramlens.cli.simulate import compare_command, simulate_command
-from vramlens.cli.sweep import sweep_command
-from vramlens.cli.view import diff_command, view_command
 from vramlens.errors import MAX_MESSAGE_CHARS, VramlensError
 
 __all__ = ["cli", "main"]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+#: Command name -> (module, attribute): each command's module is imported only when that command
+#: runs (or when ``--help`` lists them all), so ``vramlens estimate`` never loads the simulator,
+#: the web server or the planner's renderers.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "activations": ("vramlens.cli.activations", "activations_command"),
+    "compare": ("vramlens.cli.simulate", "compare_command"),
+    "diff": ("vramlens.cli.view", "diff_command"),
+    "estimate": ("vramlens.cli.estimate", "estimate_command"),
+    "experiment": ("vramlens.cli.experiment", "experiment_command"),
+    "gpus": ("vramlens.cli.gpus", "gpus_command"),
+    "models": ("vramlens.cli.models", "models"),
+    "plan": ("vramlens.cli.plan", "plan_command"),
+    "rlhf": ("vramlens.cli.rlhf", "rlhf_command"),
+    "serve": ("vramlens.cli.serve", "serve_command"),
+    "simulate": ("vramlens.cli.simulate", "simulate_command"),
+    "sweep": ("vramlens.cli.sweep", "sweep_command"),
+    "view": ("vramlens.cli.view", "view_command"),
+}
+
+
+class _LazyGroup(click.Group):
+    """A click group whose subcommands are imported on first use (click's documented pattern)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
+            return None
+        module_name, attribute = COMMANDS[cmd_name]
+        command = getattr(importlib.import_module(module_name), attribute)
+        if not isinstance(command, click.Command):  # pragma: no cover - a wrong table entry
+            raise TypeError(f"{module_name}.{attribute} is not a click command")
+        return command
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="vramlens")
 def cli() -> None:
     """How much GPU memory training and inference of a model take, and why."""
-
-
-cli.add_command(activations_command)
-cli.add_command(estimate_command)
-cli.add_command(experiment_command)
-cli.add_command(gpus_command)
-cli.add_command(models)
-cli.add_command(plan_command)
-cli.add_command(serve_command)
-cli.add_command(rlhf_command)
-cli.add_command(simulate_command)
-cli.add_command(compare_command)
-cli.add_command(sweep_command)
-cli.add_command(view_command)
-cli.add_command(diff_command)
 
 
 class _StderrNotes(logging.Handler):

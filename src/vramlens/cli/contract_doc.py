@@ -89,7 +89,7 @@ def _accepted(field: dataclasses.Field[Any]) -> str:
 
 
 def _versions_accepted() -> str:
-    from vramlens.estimate.versions import PACKAGES
+    from vramlens.workload.versions import PACKAGES
 
     return "a mapping of " + ", ".join(f"`{name}`" for name in PACKAGES) + " to a version"
 

@@ -190,7 +190,7 @@ def estimate_command(
     **options: Any,
 ) -> None:
     """Estimate per-GPU memory of training or serving MODEL (a catalog name, config path or cached HF id)."""
-    from vramlens.estimate import estimate
+    from vramlens.estimator import estimate
 
     check_pictures(plot_path=plot_path, html_path=html_path)
     inputs = workload_inputs(model, config, options, command="estimate")
@@ -199,7 +199,7 @@ def estimate_command(
         raise InputError("--max-batch and --max-context: ask one at a time (the other value is held fixed)")
     answer = None
     if max_batch or max_context:
-        from vramlens.estimate.capacity import search_capacity
+        from vramlens.estimator.capacity import search_capacity
 
         answer = search_capacity(base, "batch" if max_batch else "context", **overrides)
         if answer.report is None:

@@ -152,14 +152,14 @@ def experiment_command(
     if fmt == "json":
         click.echo(dumps(result.to_dict(), indent=2))
     elif fmt == "markdown":
-        from vramlens.report.experiment_table import experiment_markdown
+        from vramlens.experiments.render.table import experiment_markdown
 
         echo(experiment_markdown(result.rows, device=result.device), nl=False)
     else:
-        from vramlens.report.experiment_table import experiment_text
+        from vramlens.experiments.render.table import experiment_text
 
         echo(experiment_text(result.rows, device=result.device), nl=False)
     if plot_path is not None:
-        from vramlens.report.experiment_plot import save_experiment_plot
+        from vramlens.experiments.render.plot import save_experiment_plot
 
         save_experiment_plot(result.rows, plot_path, device=result.device)

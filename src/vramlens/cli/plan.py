@@ -64,7 +64,7 @@ def _notes(changes: tuple[tuple[str, Any, Any], ...]) -> str:
 
 
 def _table(result: Any) -> list[str]:
-    from vramlens.report.plan_text import candidate_cells
+    from vramlens.planner.render.text import candidate_cells
 
     lines = [f"{'#':>3}  {'peak/GPU':>10}  {'headroom':>9}  {'rel. time':>9}  changes  [notes]"]
     for rank, cand in enumerate(result.candidates, start=1):
@@ -84,7 +84,7 @@ def _show(result: Any, fmt: str, source: Any = None) -> None:
             data["source"] = source.to_dict()
         click.echo(dumps(data, indent=2))
         return
-    from vramlens.report.plan_text import plan_searched, plan_title
+    from vramlens.planner.render.text import plan_searched, plan_title
 
     echo(plan_title(result))
     echo(plan_searched(result))
@@ -125,7 +125,7 @@ def plan_command(
     **options: Any,
 ) -> None:
     """Find training configurations of MODEL that fit the GPUs, fastest first."""
-    from vramlens.plan import plan
+    from vramlens.planner import plan
     from vramlens.workload.load import load_workload
 
     if top < 1:
@@ -154,7 +154,7 @@ def plan_command(
         progress.close()
     _show(result, fmt, inputs.source)
     if plot_path is not None and result.candidates:
-        from vramlens.plan.plot import save_plan_plot
+        from vramlens.planner.render.plot import save_plan_plot
 
         save_plan_plot(result, plot_path)
 
@@ -180,7 +180,7 @@ def _default_ddp(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, A
 
 def _answer(workload: Any, fmt: str, *, headroom: float, allow_method_change: bool, cheapest: bool) -> None:
     """``--cheapest`` (the fewest changes, step by step) or ``--min-gpus``."""
-    from vramlens.plan import cheapest_change, min_gpus
+    from vramlens.planner import cheapest_change, min_gpus
 
     gpu = workload.gpu
     if not cheapest:

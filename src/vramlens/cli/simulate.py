@@ -23,8 +23,8 @@ def _simulate(base: dict[str, Any], overrides: dict[str, Any], steps: int, stack
     """The simulation of the workload; its ``alloc_conf`` (``--alloc-conf``) sets the allocator replay."""
     from vramlens.hardware import resolve_gpu
     from vramlens.model.resolve import load_model
-    from vramlens.simulate import simulate_resolved
-    from vramlens.simulate._guard import DEFAULT_TIMEOUT_S
+    from vramlens.simulator import simulate_resolved
+    from vramlens.simulator._guard import DEFAULT_TIMEOUT_S
     from vramlens.workload.load import load_workload
 
     workload = load_workload(base, overrides)
@@ -119,7 +119,7 @@ def compare_command(
     **options: Any,
 ) -> None:
     """Estimate and simulate MODEL's workload and print them side by side per level, phase and category."""
-    from vramlens.estimate import estimate
+    from vramlens.estimator import estimate
     from vramlens.report.compare import compare_reports, comparison_dict, comparison_table
 
     inputs = workload_inputs(model, config, options, command="compare")

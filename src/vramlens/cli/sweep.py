@@ -29,7 +29,7 @@ def _split(text: str) -> list[str]:
 
 def _axes(options: dict[str, Any], extra: tuple[str, ...]) -> list[Any]:
     """The swept axes (flags with commas, then ``--sweep KEY=VALUES``); their flags are removed from ``options``."""
-    from vramlens.plan.sweep import parse_axis
+    from vramlens.planner.sweep import parse_axis
 
     axes = []
     for flag, (path, _) in FLAGS.items():
@@ -74,7 +74,7 @@ def sweep_command(
 
     Token counts take k = 1024 (--seq 2k,8k,32k is 2048, 8192, 32768 tokens).
     """
-    from vramlens.plan.sweep import sweep
+    from vramlens.planner.sweep import sweep
 
     if plot_path is not None:
         from vramlens.report.plot import plot_target
@@ -86,10 +86,10 @@ def sweep_command(
     if fmt == "json":
         click.echo(dumps(result.to_dict(), indent=2))
     else:
-        from vramlens.report.sweep_text import sweep_table
+        from vramlens.planner.render.sweep_text import sweep_table
 
         echo(sweep_table(result, ascii_only=ascii_only), nl=False)
     if plot_path is not None:
-        from vramlens.report.sweep_plot import save_sweep_plot
+        from vramlens.planner.render.sweep_plot import save_sweep_plot
 
         save_sweep_plot(result, plot_path)

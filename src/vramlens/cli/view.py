@@ -1,7 +1,7 @@
 """``vramlens view FILE...`` and ``vramlens diff A B``: read measured memory records.
 
 A FILE is a vramlens timeline (.npz), a PyTorch memory snapshot (pickle or JSON) or a torch
-profiler memory timeline export (:mod:`vramlens.report.sources`). Several FILEs are one
+profiler memory timeline export (:mod:`vramlens.forensics.sources`). Several FILEs are one
 run's ranks: per-rank peaks, their skew, and the details of the highest rank.
 """
 
@@ -67,9 +67,9 @@ def view_command(
     """Explain the memory of a recorded run: peak per level, categories, modules, phases, largest
     allocations, leaks and OOMs. FILES: vramlens .npz timelines, PyTorch memory snapshots, or
     torch profiler memory exports; several files are one run's ranks."""
-    from vramlens.report.sources import open_source
-    from vramlens.report.view import build_view
-    from vramlens.report.view_diff import build_ranks
+    from vramlens.forensics.diff import build_ranks
+    from vramlens.forensics.sources import open_source
+    from vramlens.forensics.view import build_view
 
     check_pictures(plot_path=plot_path, html_path=html_path)
     sources = [open_source(path, device=device) for path in files]
@@ -113,9 +113,9 @@ def view_command(
 def diff_command(a: str, b: str, fmt: str, top: int, device: int | None, no_replay: bool) -> None:
     """Compare run B with run A: peak per level, and per category, phase and module (bytes and %):
     the TOP largest differences of each section, the rest summed, and each section's total."""
-    from vramlens.report.sources import open_source
-    from vramlens.report.view import build_view
-    from vramlens.report.view_diff import diff_views
+    from vramlens.forensics.diff import diff_views
+    from vramlens.forensics.sources import open_source
+    from vramlens.forensics.view import build_view
 
     views = [
         build_view(open_source(path, device=device), top=1, modules=10**6, replay_allocator=not no_replay)

@@ -51,7 +51,7 @@ def _dtype(torch: Any, spec: RunSpec) -> Any:
 def _hf_model(spec: RunSpec, torch: Any) -> tuple[Any, int]:
     """transformers' model of a catalog name / config (random weights) on the run's device."""
     from vramlens.model.resolve import load_model
-    from vramlens.simulate.build import hf_config
+    from vramlens.simulator.build import hf_config
     from vramlens.workload.options import AttentionImpl
 
     transformers = require("transformers", purpose="vramlens experiment")

@@ -39,13 +39,13 @@ class Prediction:
 
 def _device_adjustment(spec: RunSpec) -> int:
     """Bytes a CUDA-shaped report holds that the run's device does not (the cuBLAS workspace on CPU)."""
-    from vramlens.estimate.runtime import CUBLAS_WORKSPACE_BYTES
+    from vramlens.estimator.runtime import CUBLAS_WORKSPACE_BYTES
 
     return CUBLAS_WORKSPACE_BYTES if spec.device == "cpu" else 0
 
 
 def _estimate(spec: RunSpec, workload: dict[str, Any]) -> int:
-    from vramlens.estimate import estimate
+    from vramlens.estimator import estimate
 
     budget = spec.memory_budget
     if budget is None:
@@ -57,7 +57,7 @@ def _estimate(spec: RunSpec, workload: dict[str, Any]) -> int:
 
 def _simulate(spec: RunSpec, workload: dict[str, Any]) -> tuple[int | None, str | None]:
     from vramlens.experiments.techniques import TechniqueName
-    from vramlens.simulate import simulate
+    from vramlens.simulator import simulate
 
     refused = {TechniqueName.COMPILE, TechniqueName.MEMORY_BUDGET, TechniqueName.OPTIMIZER_8BIT}
     blocked = [a.label for a in spec.techniques if a.name in refused]

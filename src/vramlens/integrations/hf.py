@@ -35,8 +35,8 @@ import numpy as np
 
 from vramlens._extras import require
 from vramlens.errors import InputError
+from vramlens.result.timeline import Timeline
 from vramlens.trace.profile import timeline_summary
-from vramlens.trace.timeline import Timeline
 from vramlens.trace.timeline_io import save_timeline
 
 transformers = require("transformers", purpose="vramlens.integrations.hf.MemoryCallback")

@@ -14,7 +14,7 @@ from typing import Any
 from rich.table import Table
 
 from vramlens.categories import Category
-from vramlens.report.model import MemoryReport
+from vramlens.result.report import MemoryReport
 from vramlens.units import format_bytes
 
 __all__ = ["Comparison", "ComparisonRow", "compare_reports", "comparison_dict", "comparison_table"]

@@ -36,11 +36,11 @@ import numpy.typing as npt
 from vramlens._version import __version__
 from vramlens.categories import Category
 from vramlens.errors import InputError
-from vramlens.report.model import MemoryReport
 from vramlens.report.palette import swatch
 from vramlens.report.series import DEFAULT_POINTS, StackedSeries, report_series
-from vramlens.report.settings import applicable_inputs, settings_line
-from vramlens.trace.timeline import CATEGORY_ORDER, Timeline
+from vramlens.result.report import MemoryReport
+from vramlens.result.settings import applicable_inputs, settings_line
+from vramlens.result.timeline import CATEGORY_ORDER, Timeline
 from vramlens.units import format_bytes
 
 __all__ = ["CSP", "asset", "chart_section", "embed_json", "page", "render_html", "save_html"]

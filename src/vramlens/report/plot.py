@@ -1,4 +1,4 @@
-"""Static pictures of a :class:`~vramlens.report.model.MemoryReport`: PNG or SVG (the ``[plot]`` extra).
+"""Static pictures of a :class:`~vramlens.result.report.MemoryReport`: PNG or SVG (the ``[plot]`` extra).
 
 :func:`save_plot` draws what :func:`~vramlens.report.series.report_series` gives, in the colors
 of :mod:`vramlens.report.palette`:
@@ -34,10 +34,10 @@ import numpy.typing as npt
 from vramlens._extras import require
 from vramlens.categories import Category
 from vramlens.errors import InputError
-from vramlens.report.model import MemoryReport
 from vramlens.report.palette import PALETTE
 from vramlens.report.series import StackedSeries, report_series
 from vramlens.report.serving_text import vllm_fit_sentence
+from vramlens.result.report import MemoryReport
 from vramlens.units import GiB, KiB, MiB, TiB, format_bytes
 
 if TYPE_CHECKING:

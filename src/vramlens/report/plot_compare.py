@@ -4,7 +4,7 @@ and the breakdown at its peak (:func:`draw_breakdown`), both drawn by
 (:func:`save_comparison`).
 
 In the comparison, one bar per report (estimate vs simulate vs measured, or the rows of a
-technique experiment), stacked by category in :data:`~vramlens.trace.timeline.CATEGORY_ORDER`
+technique experiment), stacked by category in :data:`~vramlens.result.timeline.CATEGORY_ORDER`
 with the colors of :mod:`vramlens.report.palette`: the categories at the peak (allocated
 level), then allocator slack and runtime memory where the report has them, so each bar reaches
 the report's device level. Each total is written above its bar; the GPU's usable memory is a dashed line when the
@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 
 from vramlens.categories import Category
 from vramlens.errors import InputError
-from vramlens.report.model import MemoryReport
 from vramlens.report.palette import PALETTE
 from vramlens.report.plot import (
     Scale,
@@ -36,7 +35,8 @@ from vramlens.report.plot import (
     stack_of,
 )
 from vramlens.report.series import StackedSeries
-from vramlens.trace.timeline import CATEGORY_ORDER
+from vramlens.result.report import MemoryReport
+from vramlens.result.timeline import CATEGORY_ORDER
 from vramlens.units import format_bytes
 
 if TYPE_CHECKING:

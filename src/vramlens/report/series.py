@@ -1,9 +1,9 @@
 """What every picture of a report draws: live bytes stacked by category over time (numpy only).
 
 One :class:`StackedSeries` feeds the terminal timeline, the static plots and the HTML report,
-so the four renderings of a :class:`~vramlens.report.model.MemoryReport` agree.
+so the four renderings of a :class:`~vramlens.result.report.MemoryReport` agree.
 
-* A report with a :class:`~vramlens.trace.timeline.Timeline` (simulated, measured, snapshot)
+* A report with a :class:`~vramlens.result.timeline.Timeline` (simulated, measured, snapshot)
   is drawn over its events. Long timelines are reduced to at most ``max_points`` points by
   level of detail: the events are cut into equal buckets and each bucket keeps the event
   with its highest and the one with its lowest live total, in time order. Every local high
@@ -26,8 +26,8 @@ import numpy as np
 import numpy.typing as npt
 
 from vramlens.categories import Category
-from vramlens.report.model import MemoryReport
-from vramlens.trace.timeline import CATEGORY_ORDER, Timeline
+from vramlens.result.report import MemoryReport
+from vramlens.result.timeline import CATEGORY_ORDER, Timeline
 
 __all__ = ["StackedSeries", "phase_series", "report_series", "timeline_series"]
 

@@ -9,7 +9,7 @@ The GPU total is the budget either way; the headroom is the GPU's, never the poo
 
 from __future__ import annotations
 
-from vramlens.report.model import MemoryReport, ServingCapacity
+from vramlens.result.report import MemoryReport, ServingCapacity
 from vramlens.units import format_bytes
 
 __all__ = ["serving_lines", "vllm_fit_sentence"]

@@ -19,10 +19,10 @@ from rich.text import Text
 
 from vramlens._untrusted import abridge
 from vramlens.categories import Category
-from vramlens.report.model import MemoryReport, PhaseMemory
 from vramlens.report.serving_text import serving_lines, vllm_fit_sentence
 from vramlens.report.terminal import terminal_console
 from vramlens.report.timeline_text import ASCII_TABLE_BOX, Bar, bar, timeline_renderable
+from vramlens.result.report import MemoryReport, PhaseMemory
 from vramlens.units import format_bytes
 
 __all__ = [
@@ -170,7 +170,7 @@ def report_renderable(report: MemoryReport, *, explain: bool = False, ascii_only
     """The rich renderable of a report (for the terminal): the tables and the stacked timeline
     (:mod:`vramlens.report.timeline_text`). ``ascii_only``: plain ASCII pictures and table rules
     (also chosen at print time when the console cannot show Unicode blocks)."""
-    from vramlens.report.settings import settings_lines
+    from vramlens.result.settings import settings_lines
 
     title = Text(headline(report), style="bold")
     parts: list[object] = [
@@ -216,7 +216,7 @@ def markdown_report(report: MemoryReport, *, explain: bool = False) -> str:
         if vllm is not None:
             verdict = vllm[0].replace("NOT", "**not**")
         lines += [verdict, ""]
-    from vramlens.report.settings import settings_lines
+    from vramlens.result.settings import settings_lines
 
     settings = settings_lines(report)
     if settings:

@@ -9,7 +9,7 @@ the HTML report show:
   before it (live bytes only change at events). An estimate gives each phase an equal run
   of columns.
 * **Rows** are equal steps of bytes, ``height`` of them (10 by default). Each column's
-  stack is drawn bottom-up in category order (:data:`~vramlens.trace.timeline.CATEGORY_ORDER`);
+  stack is drawn bottom-up in category order (:data:`~vramlens.result.timeline.CATEGORY_ORDER`);
   a cell takes the color (:data:`~vramlens.report.palette.PALETTE`) of the category that
   covers most of its bytes. Unicode full blocks fill the column and an eighth block
   (``▁▂▃▄▅▆▇``) tops it, so heights are exact to 1/8 of a row.
@@ -42,10 +42,10 @@ from rich.measure import Measurement
 from rich.style import Style
 from rich.text import Text
 
-from vramlens.report.model import MemoryReport
 from vramlens.report.palette import Swatch, swatch
 from vramlens.report.series import StackedSeries, report_series
 from vramlens.report.timeline_layout import DEFAULT_HEIGHT, TimelineLayout, axis_label, layout_timeline
+from vramlens.result.report import MemoryReport
 from vramlens.units import format_bytes
 
 __all__ = [

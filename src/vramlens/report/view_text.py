@@ -13,14 +13,14 @@ from rich.table import Table
 from rich.text import Text
 
 from vramlens._untrusted import abridge
-from vramlens.report.forensics import Leak, LiveAllocation, is_user_frame
-from vramlens.report.model import MemoryReport
-from vramlens.report.oom import OomForensics
+from vramlens.forensics.diff import RankView, ViewDiff
+from vramlens.forensics.live import Leak, LiveAllocation, is_user_frame
+from vramlens.forensics.oom import OomForensics
+from vramlens.forensics.view import ViewReport
 from vramlens.report.terminal import terminal_console
 from vramlens.report.text import add_phase_rows
 from vramlens.report.timeline_text import ASCII_TABLE_BOX, Bar, bar, timeline_renderable
-from vramlens.report.view import ViewReport
-from vramlens.report.view_diff import RankView, ViewDiff
+from vramlens.result.report import MemoryReport
 from vramlens.units import format_bytes
 
 __all__ = ["diff_renderable", "print_renderable", "ranks_renderable", "view_headline", "view_renderable"]

@@ -36,7 +36,7 @@ def rlhf_estimate(setup: RlhfSetup, *, recommend: bool = True, plan: bool = Fals
     """Per-GPU memory of every phase of one step of ``setup``, its peak, transitions and
     (with ``recommend``) the changes that lower the peak, each re-estimated (a few ms).
 
-    ``plan``: also ask the planner (:func:`vramlens.plan.cheapest_change`, ~0.1-0.5 s) for
+    ``plan``: also ask the planner (:func:`vramlens.planner.cheapest_change`, ~0.1-0.5 s) for
     the cheapest change to a training phase that is the peak and does not fit; the CLI does.
     """
     gpu = resolve_gpu(setup.gpu)

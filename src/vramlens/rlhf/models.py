@@ -1,4 +1,4 @@
-"""Each model's memory per phase, from the analytic estimator (``vramlens.estimate``).
+"""Each model's memory per phase, from the analytic estimator (``vramlens.estimator``).
 
 * Trained models (actor, critic): ``mode: train`` with the role's precision, method, optimizer,
   sharding and TP, ``batch = micro_batch`` (x2 for DPO pairs), ``seq = prompt + response``.
@@ -23,12 +23,12 @@ from typing import Any
 
 from vramlens.categories import Category
 from vramlens.errors import InputError
-from vramlens.estimate import estimate_resolved
+from vramlens.estimator import estimate_resolved
 from vramlens.hardware import GpuSpec
 from vramlens.model.params import parameter_breakdown
 from vramlens.model.resolve import load_model
 from vramlens.model.spec import ModelSpec
-from vramlens.report.model import MemoryReport
+from vramlens.result.report import MemoryReport
 from vramlens.rlhf.setup import Algo, ModelRole, Placement, RlhfSetup
 from vramlens.workload.load import load_workload
 
@@ -198,7 +198,7 @@ def gathered_forward_bytes(spec: ModelSpec, report: MemoryReport) -> int:
     prefetched). Bytes per element are those of ``report``, the unsharded forward on the
     role's TP ranks (its weights over every parameter: storage format, already split over TP).
     Assumes layers of equal size; the training estimator counts a root-wrapped model the same
-    way (:mod:`vramlens.estimate.fsdp`)."""
+    way (:mod:`vramlens.estimator.fsdp`)."""
     parts = parameter_breakdown(spec)
     layers = parts.layers
     root = parts.total - layers

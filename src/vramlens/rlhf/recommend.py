@@ -8,7 +8,7 @@ Candidates (each applied alone, then the offloads together):
 * disaggregate: move the largest model the peak phase does not run to its own GPU group;
 * lower a vLLM rollout's ``gpu_memory_utilization`` when generation is the peak;
 * with ``plan``, when a training phase is the peak and does not fit: the planner's cheapest change
-  (:func:`vramlens.plan.cheapest_change`) for that model's training alone on its GPUs,
+  (:func:`vramlens.planner.cheapest_change`) for that model's training alone on its GPUs,
   mapped back to the role's keys (shard, tp, ZeRO-Offload, recompute, precision, optimizer,
   micro-batch) and re-estimated for the whole step.
 
@@ -169,7 +169,7 @@ def _planned(report: RlhfReport) -> Iterator[Candidate]:
     model = setup.role(role)
     if model is None:
         return
-    from vramlens.plan import cheapest_change
+    from vramlens.planner import cheapest_change
     from vramlens.rlhf.models import group_gpus, group_of, training_workload
 
     workload = {"model": model.model, **training_workload(setup, model)}

@@ -2,7 +2,7 @@
 
 ``load_snapshot(path)`` reads every layout from PyTorch 1.13 on, and JSON snapshots, with a
 restricted unpickler that refuses anything but plain data; ``Snapshot.timeline(device)``
-(or ``snapshot_timeline``) turns a device's trace into a :class:`~vramlens.trace.timeline.Timeline`.
+(or ``snapshot_timeline``) turns a device's trace into a :class:`~vramlens.result.timeline.Timeline`.
 What is read and how it is interpreted: ``docs/snapshot-format.md``.
 """
 

@@ -21,8 +21,8 @@ import numpy as np
 import numpy.typing as npt
 
 from vramlens.categories import TORCH_PROFILER_CATEGORIES, Category
+from vramlens.result.timeline import CATEGORY_ORDER
 from vramlens.snapshot.model import Annotation
-from vramlens.trace.timeline import CATEGORY_ORDER
 
 __all__ = ["NO_CATEGORY", "Labels", "category_code", "parse_labels", "span_phases", "spans"]
 

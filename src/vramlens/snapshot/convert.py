@@ -1,4 +1,4 @@
-"""A snapshot's allocations on one device as a :class:`~vramlens.trace.timeline.Timeline`.
+"""A snapshot's allocations on one device as a :class:`~vramlens.result.timeline.Timeline`.
 
 One allocation event (+bytes) and, when it ends, one free event (-bytes) per allocation, in
 trace order, ``level="tensor"`` (trace sizes are the requested bytes), each allocation its own
@@ -28,6 +28,7 @@ import numpy.typing as npt
 
 from vramlens.categories import Category
 from vramlens.errors import InputError
+from vramlens.result.timeline import CATEGORY_ORDER, Timeline
 from vramlens.snapshot._labels import NO_CATEGORY, Labels, parse_labels, span_phases, spans
 from vramlens.snapshot._pairing import Pairs, live_allocation, pair_trace
 from vramlens.snapshot.model import (
@@ -40,7 +41,6 @@ from vramlens.snapshot.model import (
     Snapshot,
     Trace,
 )
-from vramlens.trace.timeline import CATEGORY_ORDER, Timeline
 
 __all__ = ["snapshot_timeline"]
 

@@ -55,7 +55,7 @@ import numpy.typing as npt
 
 from vramlens.categories import Category
 from vramlens.errors import InputError
-from vramlens.trace.timeline import CATEGORY_ORDER, Timeline
+from vramlens.result.timeline import CATEGORY_ORDER, Timeline
 
 __all__ = ["Label", "Stage", "event_labels", "event_stages", "infer_categories", "phase_stage", "stack_label"]
 

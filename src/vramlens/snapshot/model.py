@@ -27,7 +27,7 @@ import numpy.typing as npt
 from vramlens.errors import InputError
 
 if TYPE_CHECKING:
-    from vramlens.trace.timeline import Timeline
+    from vramlens.result.timeline import Timeline
 
 __all__ = [
     "ACTIONS",
@@ -258,7 +258,7 @@ class Snapshot:
             raise InputError(f"device: {device} has no segments or trace entries in {self.source}; devices: {known}")
 
     def timeline(self, device: int = 0) -> Timeline:
-        """The snapshot's allocations on ``device`` as a :class:`~vramlens.trace.timeline.Timeline`
+        """The snapshot's allocations on ``device`` as a :class:`~vramlens.result.timeline.Timeline`
         (same as :func:`vramlens.snapshot.snapshot_timeline`)."""
         from vramlens.snapshot.convert import snapshot_timeline
 

@@ -1,4 +1,4 @@
-"""Export any :class:`~vramlens.trace.timeline.Timeline` as a PyTorch memory snapshot (no torch import).
+"""Export any :class:`~vramlens.result.timeline.Timeline` as a PyTorch memory snapshot (no torch import).
 
 ``save_snapshot(timeline, "run.pickle")`` writes what ``torch.cuda.memory._dump_snapshot`` writes
 (the 2.1+ layout of ``docs/research/profilers-and-snapshot-format.md``), so the file opens in
@@ -47,8 +47,8 @@ from pathlib import Path
 from typing import Any
 
 from vramlens.errors import InputError
+from vramlens.result.timeline import CATEGORY_ORDER, Timeline
 from vramlens.snapshot._unpickle import paused_gc
-from vramlens.trace.timeline import CATEGORY_ORDER, Timeline
 
 __all__ = ["save_snapshot", "timeline_to_snapshot"]
 

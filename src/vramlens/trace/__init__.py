@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from vramlens.result.timeline import CATEGORY_ORDER, Timeline, TimelineBuilder
 from vramlens.trace.ranks import save_ranks
-from vramlens.trace.timeline import CATEGORY_ORDER, Timeline, TimelineBuilder
 from vramlens.trace.timeline_io import load_timeline, save_timeline
 
 if TYPE_CHECKING:

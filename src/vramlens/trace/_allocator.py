@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from vramlens.categories import Category
-from vramlens.trace.timeline import CATEGORY_ORDER, Timeline
+from vramlens.result.timeline import CATEGORY_ORDER, Timeline
 
 __all__ = ["AllocatorEvent", "AllocatorRecorder", "merge_allocator_events"]
 

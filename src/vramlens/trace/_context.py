@@ -31,8 +31,8 @@ import torch.optim.optimizer as optim_hooks
 from torch.nn.modules import module as module_hooks
 
 from vramlens.categories import Category
+from vramlens.result.timeline import CATEGORY_ORDER, TimelineBuilder
 from vramlens.trace.frames import is_user_frame
-from vramlens.trace.timeline import CATEGORY_ORDER, TimelineBuilder
 
 __all__ = ["RunContext", "optimizer_state_tensors"]
 

@@ -43,8 +43,8 @@ import numpy as np
 
 from vramlens._extras import require
 from vramlens.errors import InputError
+from vramlens.result.timeline import Timeline
 from vramlens.trace._allocator import CLOCK_TOLERANCE_NS, AllocatorEvent, AllocatorRecorder, merge_allocator_events
-from vramlens.trace.timeline import Timeline
 
 torch = require("torch", purpose="vramlens' tensor tracker")
 from vramlens.trace.tracker import MemoryTracker  # noqa: E402

@@ -1,7 +1,7 @@
 """Memory a dispatch mode does not see as plain storages: wrapper subclasses and storage resizes.
 
 Two ways tensor memory escapes a ``TorchDispatchMode`` that notes the storage of each
-operator output (measured with FSDP2 on fake ranks, ``tests/simulate/test_distributed.py``):
+operator output (measured with FSDP2 on fake ranks, ``tests/simulator/test_distributed.py``):
 
 * **Wrapper subclasses** (``DTensor`` and other traceable wrapper subclasses). The mode
   sees the operator on the wrapper (a ``DTensor`` op), not the operators on the local

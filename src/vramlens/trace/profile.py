@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from vramlens.errors import InputError
-from vramlens.trace.timeline import Timeline
+from vramlens.result.timeline import Timeline
 from vramlens.trace.timeline_io import save_timeline
 
 __all__ = ["ProfiledStep", "StepMemory", "profile_step", "timeline_summary"]

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vramlens.trace.timeline import Timeline
+from vramlens.result.timeline import Timeline
 
 __all__ = ["RankInfo", "RankPeaks", "barrier", "init_from_env", "rank_info", "rank_peaks", "save_ranks"]
 

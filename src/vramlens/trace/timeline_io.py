@@ -1,4 +1,4 @@
-"""Saving and loading a :class:`~vramlens.trace.timeline.Timeline` (``.npz`` + JSON header).
+"""Saving and loading a :class:`~vramlens.result.timeline.Timeline` (``.npz`` + JSON header).
 
 The format (documented for other tools in ``docs/timeline-format.md``) is a plain numpy
 ``.npz`` archive, read with ``allow_pickle=False`` so a file can never run code:
@@ -30,7 +30,7 @@ from vramlens._files import LIMITS, inflation_limit, open_regular
 from vramlens._untrusted import abridge, load_json
 from vramlens.categories import Category
 from vramlens.errors import InputError
-from vramlens.trace.timeline import CATEGORY_ORDER, Timeline
+from vramlens.result.timeline import CATEGORY_ORDER, Timeline
 
 __all__ = ["FORMAT", "MAX_TIMELINE_BYTES", "VERSION", "load_timeline", "save_timeline"]
 

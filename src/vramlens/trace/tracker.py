@@ -5,7 +5,7 @@ operator that can allocate and notes each new storage once (views share their st
 a weak reference to the storage notes its release. "Where am I" comes from hooks
 (:mod:`vramlens.trace._context`): global module hooks give the innermost module,
 optimizer hooks the optimizer step, the autograd engine's graph-task id the backward
-pass. Each event lands in a :class:`~vramlens.trace.timeline.Timeline` with its category,
+pass. Each event lands in a :class:`~vramlens.result.timeline.Timeline` with its category,
 phase and module (and, optionally, its Python stack).
 
 Categories: registered tensors keep the category they were registered with (parameters,
@@ -36,10 +36,10 @@ from typing import Any
 
 from vramlens._extras import require
 from vramlens.categories import Category
+from vramlens.result.timeline import CATEGORY_ORDER, Timeline, TimelineBuilder
 from vramlens.trace._allocator import AllocatorRecorder, merge_allocator_events
 from vramlens.trace._context import RunContext, optimizer_state_tensors
 from vramlens.trace._subclass import is_wrapper, plain_tensors, watch_resizes
-from vramlens.trace.timeline import CATEGORY_ORDER, Timeline, TimelineBuilder
 
 __all__ = ["Mark", "MemoryTracker", "StorageTracker", "track"]
 

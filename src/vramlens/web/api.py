@@ -32,8 +32,8 @@ from starlette.routing import Route
 from vramlens._untrusted import load_json
 from vramlens.errors import InputError
 from vramlens.model.generic.store import CodeNotRead
-from vramlens.plan.budget import PlanCancelled
-from vramlens.report.model import MemoryReport
+from vramlens.planner.budget import PlanCancelled
+from vramlens.result.report import MemoryReport
 from vramlens.units import format_count
 from vramlens.web.cache import ResponseCache, cache_key
 from vramlens.web.present import present_gpus, present_report, present_view
@@ -90,10 +90,10 @@ def _with_model(workload: dict[str, Any]) -> dict[str, Any]:
 
 
 def _report(workload: dict[str, Any] | Workload, store: UploadStore) -> MemoryReport:
-    """The estimate of a workload dict, as :func:`vramlens.estimate.estimate` makes it (keys
+    """The estimate of a workload dict, as :func:`vramlens.estimator.estimate` makes it (keys
     validated first, then the model and GPU resolved), with ``model`` resolved by the upload
     store: a catalog name or an ``upload:`` token, never a path."""
-    from vramlens.estimate import estimate_resolved
+    from vramlens.estimator import estimate_resolved
     from vramlens.hardware import resolve_gpu
     from vramlens.workload.load import load_workload
 
@@ -352,8 +352,8 @@ def _view(data: bytes, name: str, fmt: str) -> Any:
     """``vramlens view`` of an uploaded record, read from its bytes in memory (nothing is written
     to disk, so nothing is left behind when a request is killed); a compressed upload inflates
     to at most :data:`MAX_INFLATED_UPLOAD_BYTES`."""
-    from vramlens.report.sources import read_source
-    from vramlens.report.view import build_view
+    from vramlens.forensics.sources import read_source
+    from vramlens.forensics.view import build_view
 
     try:
         view = build_view(read_source(data, name=name, max_bytes=MAX_INFLATED_UPLOAD_BYTES))

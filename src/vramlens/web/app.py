@@ -149,7 +149,7 @@ def _document(app: Any, paths: dict[str, Any]) -> None:
 def warm_up() -> None:
     """Load the catalog, the GPU table and the estimator once (the first estimate takes ~25 ms
     of imports and caches), so that the first request is as fast as the others."""
-    from vramlens.estimate import estimate
+    from vramlens.estimator import estimate
 
     estimate({"model": "llama-3.1-8b", "gpu": "h100-80gb"})
 

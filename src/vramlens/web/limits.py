@@ -14,7 +14,7 @@
 * An upload is a JSON document or a safetensors header (an 8-byte little-endian length, then
   that many bytes of JSON, as a ``.safetensors`` file starts); anything else is refused with
   415 by :func:`sniff_upload`, whatever the file is called. Snapshots are recognised by
-  :func:`vramlens.report.sources.open_source` (pickles are read by the restricted unpickler).
+  :func:`vramlens.forensics.sources.open_source` (pickles are read by the restricted unpickler).
 
 The middleware is plain ASGI so that it runs before FastAPI parses anything.
 """

@@ -11,8 +11,8 @@ it allocated would stay in the server's heap. In a process of its own (forked fr
   (SIGTERM, Ctrl+C: :meth:`PlanRunner.stop_all`) or when it runs past its budget;
 * its memory goes back to the system when it ends.
 
-The work of one plan is bounded twice: by its :class:`~vramlens.plan.budget.PlanBudget` inside
-(a one-line :class:`~vramlens.plan.budget.PlanTooLarge` past :data:`WEB_PLAN_ESTIMATES`
+The work of one plan is bounded twice: by its :class:`~vramlens.planner.budget.PlanBudget` inside
+(a one-line :class:`~vramlens.planner.budget.PlanTooLarge` past :data:`WEB_PLAN_ESTIMATES`
 estimates or :data:`WEB_PLAN_SECONDS`), and by the runner, which kills a child that has not
 answered :data:`GRACE_S` seconds after that. Where ``forkserver`` does not exist (Windows) the
 plan runs in a worker thread and is stopped through its budget's cancel switch.
@@ -31,7 +31,7 @@ from multiprocessing.connection import Connection
 from typing import Any, Final
 
 from vramlens.errors import InputError, VramlensError
-from vramlens.plan.budget import PlanBudget, PlanCancelled, PlanTooLarge
+from vramlens.planner.budget import PlanBudget, PlanCancelled, PlanTooLarge
 
 __all__ = ["GRACE_S", "WEB_CODE_SECONDS", "WEB_PLAN_ESTIMATES", "WEB_PLAN_SECONDS", "PlanRunner", "read_code"]
 
@@ -47,7 +47,7 @@ NICENESS: Final = 10
 #: Seconds a child gets past its own budget before it is killed.
 GRACE_S: Final = 10.0
 #: Modules the fork server imports once, so that each plan's process starts warm.
-_PRELOAD: Final = ["vramlens.plan", "vramlens.web.present", "vramlens.web.uploads", "vramlens.estimate.time"]
+_PRELOAD: Final = ["vramlens.planner", "vramlens.web.present", "vramlens.web.uploads", "vramlens.estimator.time"]
 _ERRORS: Final[dict[str, type[VramlensError]]] = {"PlanTooLarge": PlanTooLarge, "InputError": InputError}
 
 #: ``(model recipe, normalised workload, headroom, allow_method_change, top)``: plain data, as it
@@ -57,7 +57,7 @@ Arguments = tuple[tuple[Any, ...], dict[str, Any], float, bool, int]
 
 def _answer(arguments: Arguments, budget: PlanBudget) -> dict[str, Any]:
     """``{"plan", "view"}`` of a plan (what ``POST /api/plan`` answers)."""
-    from vramlens.plan import plan
+    from vramlens.planner import plan
     from vramlens.web.present import present_plan
     from vramlens.web.uploads import build_model
 
@@ -72,7 +72,7 @@ def read_code(arguments: tuple[Any, ...], budget: PlanBudget) -> dict[str, Any]:
     (:func:`vramlens.model.generic.store.code_reading`): ``("config", bytes, name)`` describes an
     uploaded config, ``("estimate", model recipe, workload dict)`` estimates a workload (tracing
     its layer recipe). The answer is empty: the server answers from the cache afterwards."""
-    from vramlens.estimate import estimate
+    from vramlens.estimator import estimate
     from vramlens.model.generic.store import code_reading
     from vramlens.web.uploads import UploadStore, build_model, parse_upload
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 from vramlens.categories import Category
-from vramlens.plan import Plan
-from vramlens.report.model import MemoryReport
+from vramlens.planner import Plan
+from vramlens.planner.render.text import candidate_cells, plan_searched, plan_title
 from vramlens.report.palette import swatch
-from vramlens.report.plan_text import candidate_cells, plan_searched, plan_title
 from vramlens.report.text import fit_line, headline, level_rows, serving_lines
 from vramlens.report.view_text import view_headline
+from vramlens.result.report import MemoryReport
 from vramlens.units import format_bytes
 
 __all__ = ["present_gpus", "present_plan", "present_report", "present_view"]
@@ -78,7 +78,7 @@ def _phases(report: MemoryReport) -> list[dict[str, Any]]:
 
 def present_report(report: MemoryReport) -> dict[str, Any]:
     """The page's view of a report: headline, fit, settings, levels, breakdown, phases, serving, assumptions."""
-    from vramlens.report.settings import settings_line
+    from vramlens.result.settings import settings_line
 
     headroom = report.headroom_bytes
     return {

@@ -13,7 +13,6 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any, Final
 
-from vramlens.estimate.versions import CURRENT, PACKAGES
 from vramlens.workload._strings import MAX_ALLOC_CONF_CHARS, MAX_VERSION_CHARS
 from vramlens.workload.load import LORA_KEYS, PARALLEL_KEYS, TOP_KEYS
 from vramlens.workload.options import (
@@ -35,6 +34,7 @@ from vramlens.workload.options import (
     Shard,
 )
 from vramlens.workload.ranges import RANGES
+from vramlens.workload.versions import CURRENT, PACKAGES
 
 __all__ = ["ERROR_SCHEMA", "PLAN_SCHEMA", "WORKLOAD_SCHEMA", "error_answers", "openapi_body", "workload_schema"]
 

@@ -53,7 +53,7 @@ def alloc_conf(key: str, value: Any) -> str:
 def versions(key: str, value: Any) -> tuple[tuple[str, str], ...]:
     """Library versions: a mapping (or ``"transformers=4.35,vllm=0.6"``) of known packages to
     quoted release numbers (each at most :data:`MAX_VERSION_CHARS`); sorted pairs."""
-    from vramlens.estimate.versions import PACKAGES
+    from vramlens.workload.versions import PACKAGES
 
     if value is None:
         return ()
@@ -80,7 +80,7 @@ def versions(key: str, value: Any) -> tuple[tuple[str, str], ...]:
 
 def _version(key: str, version: Any) -> str:
     """A quoted release number such as ``'4.46'``: ASCII, at most :data:`MAX_VERSION_CHARS`."""
-    from vramlens.estimate.versions import parse_version
+    from vramlens.workload.versions import parse_version
 
     if (
         not isinstance(version, str)

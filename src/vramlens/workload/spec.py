@@ -227,7 +227,7 @@ class Workload:
     versions: tuple[tuple[str, str], ...] = ()
     """Library versions of the run, e.g. ``(("transformers", "4.35"),)`` (a mapping in files and
     dicts); a package left out is the installed one, else the current release
-    (:mod:`vramlens.estimate.versions` holds the behaviours that changed). Added to the v1
+    (:mod:`vramlens.workload.versions` holds the behaviours that changed). Added to the v1
     contract by vramlens."""
     alloc_conf: str = ""
     """``PYTORCH_CUDA_ALLOC_CONF`` of the run (e.g. ``expandable_segments:True,max_split_size_mb:512``);

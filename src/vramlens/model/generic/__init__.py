@@ -6,7 +6,7 @@ transformers on the meta device and its module tree is read into a
 layer kind and component (:mod:`vramlens.model.generic.reader`). That reading is kept in the
 recipe cache (:mod:`vramlens.model.generic.store`): the next time, the spec is built from the
 file without importing torch. Memory beyond the parameters (activations, caches, working
-sets) comes from recipes traced from the same code (:mod:`vramlens.simulate.recipe`).
+sets) comes from recipes traced from the same code (:mod:`vramlens.simulator.recipe`).
 
 Refusals, each one line: no ``[hf]`` extra (install hint); a type the installed transformers
 does not know; a config transformers cannot build; a config whose layer counts pass

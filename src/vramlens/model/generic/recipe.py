@@ -1,10 +1,10 @@
 """Layer recipes: the bytes a model's real code allocates, fitted per layer kind (pure data).
 
-A recipe is measured by :mod:`vramlens.simulate.recipe` (a few layers of the real model on
+A recipe is measured by :mod:`vramlens.simulator.recipe` (a few layers of the real model on
 fake tensors, at a few batch and sequence sizes) and stored in the recipe cache
 (:mod:`vramlens.model.generic.store`) under a *signature*: the settings that change what a
 layer allocates (dtypes, method, LoRA shape, attention kernel, recompute). The analytic
-engine reads it in pure Python (:mod:`vramlens.estimate.recipe_route`).
+engine reads it in pure Python (:mod:`vramlens.estimator.recipe_route`).
 
 Every quantity is a :class:`Fit`: ``constant + shared_per_token x s + batch x
 (per_sequence + per_token x s + per_token2 x s^2)`` bytes, exact at the five sizes it was

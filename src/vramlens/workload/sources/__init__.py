@@ -1,6 +1,6 @@
 """Run configs people already have, read into the workload contract (``vramlens estimate --from FILE``).
 
-One module per format, one registry (:data:`FORMATS`): axolotl YAML, torchtune recipe YAML,
+One module per format, one registry (:data:`FORMATS`, in ``_formats.py``): axolotl YAML, torchtune recipe YAML,
 litgpt YAML, DeepSpeed JSON, accelerate config YAML, a TRL / HF ``TrainingArguments`` command
 line and a ``vllm serve`` command line. Each reader maps what it knows to workload keys with a
 note per mapping (the report prints them as assumptions), lists the keys that matter for memory
@@ -13,51 +13,18 @@ no format carries ``versions`` (``--versions`` gives them).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 from vramlens._files import read_small_text
 from vramlens.errors import InputError
-from vramlens.workload.sources import accelerate, axolotl, deepspeed, litgpt, torchtune, trl, vllm
+from vramlens.workload.sources._formats import FORMATS, SourceFormat
 from vramlens.workload.sources._mapping import SourcedWorkload, SourceNote
 from vramlens.workload.sources._text import parse_document, split_command
 from vramlens.workload.sources.shared import MAX_SOURCE_BYTES, ReadContext
 
 __all__ = ["FORMATS", "SourceFormat", "SourceNote", "SourcedWorkload", "parse_run_config", "read_run_config"]
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class SourceFormat:
-    """One kind of run config: how to recognise it and how to read it."""
-
-    name: str
-    description: str
-    kind: str
-    """"document" (YAML/JSON mapping) or "command" (a command line)."""
-    detect: Callable[[Any], bool]
-    read: Callable[[Any, ReadContext], SourcedWorkload]
-
-
-#: Every format, in detection order (the first whose ``detect`` accepts the content reads it).
-FORMATS: Final[dict[str, SourceFormat]] = {
-    f.name: f
-    for f in (
-        SourceFormat(name="axolotl", description="axolotl YAML", kind="document", detect=axolotl.detect, read=axolotl.read),
-        SourceFormat(name="torchtune", description="torchtune recipe YAML", kind="document", detect=torchtune.detect,
-                     read=torchtune.read),
-        SourceFormat(name="litgpt", description="litgpt finetune/pretrain YAML", kind="document", detect=litgpt.detect,
-                     read=litgpt.read),
-        SourceFormat(name="deepspeed", description="DeepSpeed JSON", kind="document", detect=deepspeed.detect,
-                     read=deepspeed.read),
-        SourceFormat(name="accelerate", description="accelerate config YAML", kind="document", detect=accelerate.detect,
-                     read=accelerate.read),
-        SourceFormat(name="vllm", description="a vllm serve command line", kind="command", detect=vllm.detect, read=vllm.read),
-        SourceFormat(name="trl", description="a TRL / transformers TrainingArguments command line", kind="command",
-                     detect=trl.detect, read=trl.read),
-    )
-}  # fmt: skip
 
 
 def _accepted() -> str:

@@ -1,0 +1,98 @@
+"""The inference estimator: weights, KV cache and the generation peak for HF generate and vLLM."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from vramlens.categories import Category
+from vramlens.estimator.infer.context import InferenceContext, resolve_inference
+from vramlens.estimator.infer.phases import StagePlan, hf_plan, vllm_plan
+from vramlens.estimator.infer.weights import stage_weights
+from vramlens.estimator.margins import RUNTIME_SPREAD, runtime_spread, safe_levels
+from vramlens.estimator.reserved import allocator_settings, generation_slack, generation_spread
+from vramlens.estimator.runtime import communicators, runtime_parts
+from vramlens.hardware import GpuSpec
+from vramlens.model.spec import ModelSpec
+from vramlens.result.report import MemoryReport, SafeLevels, Term
+from vramlens.workload.options import Engine
+from vramlens.workload.spec import Workload
+from vramlens.workload.versions import older_than
+
+__all__ = ["estimate_inference"]
+
+
+def _levels(ctx: InferenceContext, plan: StagePlan) -> tuple[int, int, dict[str, int], SafeLevels]:
+    """(reserved, device, runtime parts, safe figures) above the allocated peak."""
+    peak = plan.peak
+    allocated = peak.allocated_bytes
+    comms = len(communicators(ctx.workload.parallel))
+    if ctx.engine is Engine.VLLM:  # one pool tensor per layer: no allocator slack worth modelling
+        device = allocated + sum(plan.runtime.values())
+        spread = comms * RUNTIME_SPREAD["nccl_per_communicator"]
+        safe = safe_levels(
+            allocated=allocated, reserved=allocated, device=device, breakdown=peak.breakdown, allocator_spread=0,
+            runtime_spread=spread, pool_bytes=peak.breakdown.get(Category.KV_CACHE, 0),
+        )  # fmt: skip
+        if plan.serving.kv_pool_bytes is not None:
+            # vLLM sizes its pool to gpu_memory_utilization: margins shrink the pool, not the device level.
+            safe = replace(safe, allocated_bytes=allocated, reserved_bytes=allocated, device_bytes=device)
+        return allocated, device, plan.runtime, safe
+    # Weights are allocated once and never freed; the cache grows by a concatenation per layer and
+    # step, which leaves freed blocks one token too short behind (reserved.generation_slack).
+    kv = peak.breakdown.get(Category.KV_CACHE, 0)
+    settings = allocator_settings(ctx.workload.alloc_conf)
+    reserved = allocated + generation_slack(kv, settings)
+    runtime = runtime_parts(
+        ctx.workload.parallel, eager_modules=older_than(ctx.workload.versions, "lazy_module_loading")
+    )
+    device = reserved + sum(runtime.values())
+    safe = safe_levels(
+        allocated=allocated, reserved=reserved, device=device, breakdown=peak.breakdown,
+        allocator_spread=generation_spread(kv, settings), runtime_spread=runtime_spread(runtime, comms),
+    )  # fmt: skip
+    return reserved, device, runtime, safe
+
+
+def _busiest(plan: StagePlan) -> int:
+    """Order of stages: the least KV pool left over (vLLM with a GPU), else the highest peak."""
+    pool = plan.serving.kv_pool_bytes
+    return plan.serving.kv_bytes_needed - pool if pool is not None else plan.peak.allocated_bytes
+
+
+def estimate_inference(spec: ModelSpec, workload: Workload, *, gpu: GpuSpec | None = None) -> MemoryReport:
+    """Per-GPU memory of generating with ``workload`` on ``spec`` (busiest rank), checked
+    against ``gpu`` when one is given."""
+    ctx = resolve_inference(spec, workload, gpu)
+    capacity = gpu.memory_bytes if gpu else None
+    if spec.generic is not None:
+        from vramlens.estimator.infer.generic import check_generic_inference, generic_hf_plan, generic_stage_weights
+
+        check_generic_inference(ctx)
+        plans = [generic_hf_plan(ctx, stage) for stage in generic_stage_weights(ctx)]
+    else:
+        plans = [
+            vllm_plan(ctx, stage, capacity) if ctx.engine is Engine.VLLM else hf_plan(ctx, stage)
+            for stage in stage_weights(ctx)
+        ]
+    plan = max(plans, key=_busiest)
+    reserved, device, runtime, safe = _levels(ctx, plan)
+    notes = [*ctx.assumptions, *plan.notes]
+    peak = plan.peak
+    notes.append(f"peak: {peak.name} ({peak.note})")
+    return MemoryReport(
+        engine="estimate",
+        model=spec.name,
+        workload=workload,
+        phases=tuple(plan.phases),
+        peak_phase=peak.name,
+        allocated_bytes=peak.allocated_bytes,
+        reserved_bytes=reserved,
+        device_bytes=device,
+        runtime=runtime,
+        terms=tuple(Term(name=n, category=c, bytes=b, explain=f) for n, c, b, f in plan.terms),
+        assumptions=tuple(notes),
+        gpu=gpu.name if gpu else None,
+        capacity_bytes=capacity,
+        serving=plan.serving,
+        safe=safe,
+    )

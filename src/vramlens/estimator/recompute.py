@@ -1,0 +1,259 @@
+"""Per-layer activation bytes under each recompute policy, and the saved-tensor recipe inputs.
+
+``saved`` is what stays on the GPU per layer for backward; ``transient`` is what
+a recomputed layer briefly re-creates during its backward (0 without recompute).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from vramlens.errors import InputError
+from vramlens.estimator.activations import ffn_saved_parts, layer_saved_parts
+from vramlens.estimator.eager_attention import eager_transients
+from vramlens.estimator.mixers import KERNEL_ASSUMPTION, STATE_MIXERS
+from vramlens.estimator.qlora import adapter_inputs_shared, base_output_bytes
+from vramlens.estimator.saved_parts import GATHERED, HEADS, SEQUENCE, LayerRecipe, Part, TrainState
+from vramlens.model.modules import all_layer_linears
+from vramlens.model.spec import FfnKind, LayerKind, LayerSpec, MixerKind
+from vramlens.resolve._memo import memo
+from vramlens.resolve.context import TrainingContext
+from vramlens.resolve.derived import checkpointed_layers, seq_per_rank
+from vramlens.resolve.frameworks import NormImpl
+from vramlens.resolve.kbit import kbit_prepared
+from vramlens.resolve.styles import hf_style
+from vramlens.workload.options import AttentionImpl, Framework, Method, Recompute
+from vramlens.workload.spec import ALL_LINEAR
+
+__all__ = ["LayerActivations", "eager_attention_working", "layer_activations", "layer_kind", "train_state"]
+
+
+def train_state(ctx: TrainingContext, targets: frozenset[str]) -> TrainState:
+    """Which linears keep inputs and which norms train, for the workload's method."""
+    if ctx.method is Method.FULL:
+        names = frozenset(s.name for s in all_layer_linears(ctx.spec))
+        return TrainState(norms=True, needs_input=names, adapters=frozenset())
+    lora = ctx.workload.lora
+    # Frozen base linears keep nothing; adapters keep their own input cast, or over PEFT's
+    # 4-bit layers under autocast the input itself, once (qlora.py).
+    shared = adapter_inputs_shared(ctx)
+    return TrainState(
+        norms=False,
+        needs_input=targets if shared else frozenset(),
+        adapters=targets,
+        lora_rank=lora.rank,
+        lora_dropout=lora.dropout,
+        adapter_bytes=4 if ctx.profile.adapters_fp32 else ctx.compute_bytes,
+        adapter_input_copies=not shared,
+    )
+
+
+def _recipe(ctx: TrainingContext, state: TrainState, notes: list[str]) -> LayerRecipe:
+    return LayerRecipe(
+        spec=ctx.spec,
+        style=hf_style(ctx.spec.model_type),
+        compute_bytes=ctx.compute_bytes,
+        # fp32 residual stream: fp32 weights under autocast (full training, or QLoRA's k-bit preparation)
+        autocast=ctx.autocast and (ctx.method is Method.FULL or kbit_prepared(ctx.workload, ctx.profile)),
+        autocast_adapters=ctx.autocast,
+        attention=ctx.attention,
+        seq=seq_per_rank(ctx.workload),
+        linears=all_layer_linears(ctx.spec),
+        train=state,
+        fused_norm=ctx.profile.norm is NormImpl.FUSED or ctx.workload.compile,
+        fused_pointwise=ctx.workload.compile,
+        moe_capacity=ctx.workload.moe_capacity_factor or 1.0,
+        linear_out_bytes=base_output_bytes(ctx),
+    )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LayerActivations:
+    """Activation bytes per token for the layers of one rank."""
+
+    saved_per_token: float
+    """Sum over this rank's layers of what each keeps for backward."""
+    transient_per_token: float
+    """What one recomputed layer re-creates during backward (largest layer)."""
+    full_layer_parts: tuple[Part, ...]
+    """The saved tensors of one full (not recomputed) layer, for the explanation."""
+    notes: tuple[str, ...]
+    masks_per_token: float = 0.0
+    """Attention masks alive while the layers run forward but kept by no one for backward
+    (without recompute; a checkpointed layer keeps its mask argument, counted in ``saved``)."""
+
+
+def _per_token(parts: list[Part], tp: int, sequence_parallel: bool) -> float:
+    """Bytes per token on one tensor-parallel rank (see the split kinds in activations.py)."""
+    divisor = {HEADS: tp, SEQUENCE: tp if sequence_parallel else 1, GATHERED: 1}
+    return sum(p.bytes_per_token / divisor[p.split] for p in parts)
+
+
+def _selective_titan(recipe: LayerRecipe, kind: LayerKind) -> float:
+    """torchtitan op-level SAC: keeps the layer input, every other matmul output and the SDPA outputs."""
+    if kind.mixer is not MixerKind.ATTENTION:  # the op-level policy is torchtitan's for its attention models
+        raise InputError(
+            f"framework: torchtitan's selective recompute is modelled for attention layers; {recipe.spec.name} has "
+            f"{kind.mixer.value} layers (use framework hf or recompute full)"
+        )
+    spec, a = recipe.spec, recipe.compute_bytes
+    q = spec.num_heads * spec.head_dim
+    kv = spec.num_kv_heads * spec.head_dim
+    inner = (
+        spec.moe.expert_intermediate_size * spec.moe.experts_per_token
+        if (kind.ffn is FfnKind.MOE and spec.moe)
+        else (spec.mlp.intermediate_size if spec.mlp else 0)
+    )
+    return a * (2 * spec.hidden_size + 2 * q + kv + inner) + 4 * spec.num_heads
+
+
+def layer_kind(layer: LayerSpec, seq: int) -> LayerKind:
+    """What decides a layer's saved tensors at sequence length ``seq``: its mixer, its FFN, whether
+    its attention is masked and whether it is rotary (:meth:`vramlens.model.components.LayerSpec.kind_at`)."""
+    return layer.kind_at(seq)
+
+
+def _kinds(ctx: TrainingContext, layer_range: range) -> dict[LayerKind, int]:
+    """Count this rank's layers by :func:`layer_kind`."""
+    counts: dict[LayerKind, int] = {}
+    for index in layer_range:
+        key = layer_kind(ctx.spec.layers[index], ctx.workload.seq)
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def layer_activations(ctx: TrainingContext, state: TrainState, layer_range: range) -> LayerActivations:
+    """Saved and recomputed activation bytes per token for the layers in ``layer_range``.
+
+    Memoized on the spec: the result depends only on what ``_recipe`` reads from the
+    context (listed in the key), the layer range, the recompute policy and tp (planners
+    call this thousands of times).
+    """
+    workload = ctx.workload
+    key = (
+        "layer_activations",
+        state,
+        layer_range,
+        ctx.compute_bytes,
+        ctx.autocast,
+        ctx.method,
+        ctx.attention,
+        workload.seq,
+        workload.parallel.cp,
+        workload.parallel.tp,
+        workload.compile,
+        workload.moe_capacity_factor,
+        workload.recompute,
+        workload.recompute_every,
+        ctx.profile.name,
+        kbit_prepared(workload, ctx.profile),
+    )
+    return memo(ctx.spec, key, lambda: _build_layer_activations(ctx, state, layer_range))
+
+
+def _build_layer_activations(ctx: TrainingContext, state: TrainState, layer_range: range) -> LayerActivations:
+    notes: list[str] = []
+    recipe = _recipe(ctx, state, notes)
+    lora = ctx.method in (Method.LORA, Method.QLORA) and ctx.workload.lora.targets == ALL_LINEAR
+    if lora and ctx.spec.is_moe and recipe.style.peft_wraps_experts:
+        notes.append(
+            "lora.targets all-linear: PEFT also adapts this MoE model's 3-D expert weights (merged weights kept "
+            "for backward), which is not counted here: the estimate is low; list the targets to leave experts out"
+        )
+    return _layer_activations(ctx, recipe, layer_range, notes)
+
+
+def _layer_activations(
+    ctx: TrainingContext, recipe: LayerRecipe, layer_range: range, notes: list[str]
+) -> LayerActivations:
+    tp = ctx.workload.parallel.tp
+    sp = tp > 1
+    kinds = _kinds(ctx, layer_range)
+    layers = len(layer_range)
+    if any(key.mixer in STATE_MIXERS for key in kinds):
+        notes.append(KERNEL_ASSUMPTION)
+    full = {key: _per_token(layer_saved_parts(recipe, key), tp, sp) for key in kinds}
+    total_full = sum(full[key] * count for key, count in kinds.items())
+    largest = max(full.values()) if full else 0.0
+    policy = ctx.workload.recompute
+    residual = 4 if recipe.autocast else ctx.compute_bytes
+    checkpoint = residual * ctx.spec.hidden_size / (tp if sp else 1)
+    if policy is Recompute.NONE:
+        saved, transient = total_full, 0.0
+    elif policy is Recompute.FULL:
+        checkpointed = checkpointed_layers(ctx.workload, layers)
+        saved = checkpointed * checkpoint + (layers - checkpointed) * total_full / max(layers, 1)
+        transient = largest
+    elif policy is Recompute.OFFLOAD:
+        saved, transient = 2 * checkpoint, largest
+        notes.append(
+            "recompute offload: checkpointed layer inputs live in CPU memory; two layers' inputs in flight on the GPU"
+        )
+    elif ctx.profile.name is Framework.TORCHTITAN:
+        saved = sum(_selective_titan(recipe, key) / tp * count for key, count in kinds.items())
+        transient = largest
+    else:
+        flash = replace(recipe, attention=AttentionImpl.FLASH)
+        kept = {key: _per_token(layer_saved_parts(flash, key), tp, sp) for key in kinds}
+        saved = sum(kept[key] * count for key, count in kinds.items())
+        # What one layer re-creates in backward: its attention internals beyond what is kept.
+        transient = max((max(0.0, full[key] - kept[key]) for key in kinds), default=0.0)
+        notes.append("recompute selective: the attention core is recomputed; projections and MLP outputs are kept")
+    example = max(kinds, key=lambda key: full[key]) if kinds else LayerKind()
+    parts = tuple(layer_saved_parts(recipe, example))
+    masks = _mask_bytes(ctx, recipe, kinds)
+    # Eager adds its masks to the scores and SDPA turns them into a per-call bias: autograd keeps
+    # neither; they live in the model's forward until it returns, unless a checkpoint keeps them
+    # as a layer input (found against the simulator on SmolLM3 and gpt-oss with sliding windows).
+    checkpointed = policy is not Recompute.NONE
+    return LayerActivations(
+        saved_per_token=saved + (masks if checkpointed else 0.0),
+        transient_per_token=transient,
+        full_layer_parts=parts,
+        notes=tuple(notes),
+        masks_per_token=0.0 if checkpointed else masks,
+    )
+
+
+def _mask_bytes(ctx: TrainingContext, recipe: LayerRecipe, kinds: dict[LayerKind, int]) -> float:
+    """Materialized 4-D attention masks ([batch, 1, seq, seq], one per mask kind, shared by the attention
+    layers): eager attention always builds them, additive in the compute dtype; SDPA only for masked
+    (sliding-window or chunked) layers, boolean (``masking_utils.sdpa_mask``: one byte per element);
+    flash attention (flash_attention_2, which applies the window itself) never. Layers without
+    attention (Mamba, linear attention) read no 4-D mask."""
+    attending = [key for key in kinds if key.attends]
+    if not attending:
+        return 0.0
+    sliding = any(key.sliding for key in attending)
+    if recipe.attention is AttentionImpl.EAGER:
+        count = 2 if sliding and len({key.sliding for key in attending}) > 1 else 1
+        return count * recipe.compute_bytes * recipe.seq
+    count = 1 if sliding and recipe.attention is not AttentionImpl.FLASH else 0
+    return count * recipe.seq
+
+
+def eager_attention_working(ctx: TrainingContext, state: TrainState, layer_range: range) -> tuple[float, float, float]:
+    """Eager attention's score tensors in the last attention layer of ``layer_range``, bytes per token on
+    one rank: (forward beyond the kept probabilities, backward, forward with nothing kept), the first two
+    less what that layer's feed-forward half and the layers after it keep (not yet alive when its
+    attention runs forward, already freed when its attention runs backward; a hybrid's last layers may
+    be Mamba or linear attention). See :mod:`vramlens.estimator.eager_attention`."""
+    if ctx.attention is not AttentionImpl.EAGER:
+        return 0.0, 0.0, 0.0
+    attending = [index for index in layer_range if ctx.spec.layers[index].attends]
+    if not attending:
+        return 0.0, 0.0, 0.0
+    workload = ctx.workload
+    tp = workload.parallel.tp
+    recipe = _recipe(ctx, state, [])
+    last = attending[-1]
+    after = _per_token(ffn_saved_parts(recipe, layer_kind(ctx.spec.layers[last], workload.seq)), tp, tp > 1)
+    if workload.recompute is Recompute.NONE:  # under recompute later layers keep only their checkpoints
+        for index in range(last + 1, layer_range[-1] + 1):
+            after += _per_token(layer_saved_parts(recipe, layer_kind(ctx.spec.layers[index], workload.seq)), tp, tp > 1)
+    a, autocast, seq = recipe.compute_bytes, recipe.autocast, recipe.seq
+    over_kept, backward = eager_transients(ctx.spec, recipe.style, compute_bytes=a, autocast=autocast, seq=seq, tp=tp)
+    everything = eager_transients(
+        ctx.spec, recipe.style, compute_bytes=a, autocast=autocast, seq=seq, tp=tp, kept=False
+    )[0]
+    return max(0.0, over_kept - after), max(0.0, backward - after), everything

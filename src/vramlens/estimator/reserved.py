@@ -1,0 +1,196 @@
+"""Reserved memory from the allocator: the step's requests and the caching-allocator model.
+
+``reserved - allocated`` at the peak (the allocator's slack) is memory the caching allocator
+holds in cached blocks that the next requests cannot use: a freed block smaller than the next
+request (the logits freed before a larger gradient), a vocabulary-sized block split by the next
+step's activations so that the same request needs a new segment, 20 MiB segments shared by
+1-10 MiB tensors. Two parts, each from :mod:`vramlens.allocator` (the model of PyTorch's
+``CUDACachingAllocator.cpp`` the simulator replays its recorded timelines through), under the
+workload's ``alloc_conf``:
+
+* the vocabulary-sized tensors (logits and loss, the head's weight copy, the embedding's and
+  head's gradients and state) written as requests in step order
+  (:mod:`vramlens.estimator.step_pattern` with no decoder layer) and **replayed**: a few dozen
+  requests, memoized;
+* the decoder layers' tensors, which repeat once per layer (a replay of every layer is thousands
+  of requests per estimate): a **closed form**, ``LAYER_SLACK_FRACTION`` of the activation and of
+  the parameter-sized memory they churn in a step, fitted to replays of the full per-layer pattern
+  (``benchmarks/allocator_fit.py``);
+  the layers' gradients also reuse the vocabulary blocks left stranded, up to their bytes.
+
+:func:`replayed_slack` replays any pattern (every layer) and is the reference the closed form is
+checked against (``tests/estimator/test_reserved.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import lru_cache
+from typing import Final
+
+from vramlens.allocator import AllocatorSettings
+from vramlens.allocator.pattern import pattern_peaks
+from vramlens.estimator.lora_head import training_lora_head, with_head_script
+from vramlens.estimator.loss_outputs import fp32_model_outputs, loss_chunks, model_logits_bytes
+from vramlens.estimator.loss_pattern import LossScript, loss_script
+from vramlens.estimator.quantities import StageMemory
+from vramlens.estimator.step_pattern import step_pattern
+from vramlens.estimator.step_shape import StepShape, step_shape
+from vramlens.resolve.context import TrainingContext
+from vramlens.workload.options import Framework, Shard
+
+__all__ = [
+    "KV_GROWTH_FRACTION",
+    "allocator_settings",
+    "generation_slack",
+    "generation_spread",
+    "KV_GROWTH_SPREAD",
+    "LAYER_SLACK_FRACTION",
+    "LAYER_SLACK_SPREAD",
+    "TrainingSlack",
+    "layer_churn",
+    "replayed_slack",
+    "training_loss_script",
+    "training_slack",
+]
+
+#: Per-layer slack as fractions of the churning memory (saved activations, backward working set
+#: and recomputed layer, parameter-sized tensors: see :func:`layer_churn`), by (expandable
+#: segments, parameters sharded by FSDP/ZeRO-3): non-negative least squares over the replays of
+#: ``benchmarks/allocator_fit.py`` (480 sampled catalog workloads on one GPU and on 8 with DDP,
+#: ZeRO-2 or FSDP, with and without recompute; seed 0).
+LAYER_SLACK_FRACTION: Final = {
+    (False, False): (0.056, 0.788, 0.097),
+    (False, True): (0.020, 0.230, 0.056),
+    (True, False): (0.008, 0.234, 0.028),
+    (True, True): (0.004, 0.047, 0.018),
+}
+#: Upper quartile minus median of the replays' residual over the churn, by the same keys: the
+#: reserved margin (:mod:`vramlens.estimator.margins`, "modelled allocator").
+LAYER_SLACK_SPREAD: Final = {
+    (False, False): 0.078,
+    (False, True): 0.024,
+    (True, False): 0.014,
+    (True, True): 0.006,
+}
+#: Slack / final KV cache of transformers' DynamicCache decode (each step ``torch.cat`` makes
+#: every layer's keys and values one token longer), by expandable segments: medians of the
+#: decode replays of ``benchmarks/allocator_fit.py``.
+KV_GROWTH_FRACTION: Final = {False: 0.31, True: 0.057}
+#: Upper quartile minus median of the decode replays.
+KV_GROWTH_SPREAD: Final = {False: 0.13, True: 0.13}
+
+
+@lru_cache(maxsize=256)
+def allocator_settings(alloc_conf: str) -> AllocatorSettings:
+    """The allocator model's settings for a workload's ``alloc_conf`` (validated when it was loaded)."""
+    return AllocatorSettings.from_conf(alloc_conf)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class TrainingSlack:
+    """Allocator slack of a step (bytes) and where it comes from."""
+
+    vocabulary_bytes: int
+    """Replayed slack of the vocabulary-sized tensors, less what the layers' gradients reuse."""
+    layers_bytes: int
+    """Closed-form slack of the decoder layers' churn."""
+    spread_bytes: int
+    """How far above ``layers_bytes`` the replays' upper quartile goes (the reserved margin)."""
+
+    @property
+    def total_bytes(self) -> int:
+        return self.vocabulary_bytes + self.layers_bytes
+
+
+def training_loss_script(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str] = frozenset()) -> LossScript:
+    """The loss requests of the stage (none on a stage without the head), with those of a LoRA
+    adapter on the head when ``targets`` name it."""
+    if not mem.stage.last:
+        return LossScript(forward=(), backward=())
+    spec, tp = ctx.spec, ctx.workload.parallel.tp
+    a = model_logits_bytes(ctx)
+    chunks = loss_chunks(ctx)
+    kept = (4 if fp32_model_outputs(ctx) else a) if ctx.profile.keeps_logits else 0
+    script = loss_script(
+        ctx.loss,
+        tokens=ctx.tokens,
+        vocab=spec.vocab_size // tp,
+        hidden=spec.hidden_size,
+        logits_bytes=a,
+        kept_bytes=kept,
+        chunks=chunks,
+        compiled=ctx.compiled_loss,
+        loss_parallel=tp > 1 and ctx.profile.name is Framework.TORCHTITAN,
+        softcap=spec.final_logit_softcap is not None,
+    )
+    head = training_lora_head(ctx, targets, loss_chunks=chunks)
+    return script if head is None else with_head_script(script, head, vocab=spec.vocab_size // tp, tokens=ctx.tokens)
+
+
+def replayed_slack(
+    shape: StepShape, loss: LossScript, *, layers: int, micro_steps: int, settings: AllocatorSettings
+) -> int:
+    """Reserved minus allocated peak (bytes) of the step pattern of ``layers`` decoder layers."""
+    peaks = pattern_peaks(step_pattern(shape, loss, layers=layers, micro_steps=micro_steps), settings)
+    return peaks.slack_bytes
+
+
+@lru_cache(maxsize=4096)
+def _vocabulary_slack(shape: StepShape, loss: LossScript, micro_steps: int, settings: AllocatorSettings) -> int:
+    return max(0, replayed_slack(shape, loss, layers=0, micro_steps=micro_steps, settings=settings))
+
+
+def layer_churn(mem: StageMemory) -> tuple[int, int, int]:
+    """Bytes of per-layer memory that a step frees and asks for again, in three kinds: saved
+    activations (and the forward's working set); what the backward makes and frees per layer
+    (a recomputed layer, the gradient working set); parameter-sized tensors (gradients, step
+    temporaries, autocast weight copies, and sharded training's unsharded parameters and
+    gradients at their largest)."""
+    u = mem.unsharded
+    gathered = max(u.forward_layer, u.loss, u.backward_start, u.first_layers, u.last_layer, u.end)
+    return (
+        mem.activations + mem.forward_working,
+        mem.recompute + mem.working,
+        mem.grads + mem.step_temp + mem.casts + gathered,
+    )
+
+
+def _layer_gradients(ctx: TrainingContext, mem: StageMemory, edges: StepShape) -> int:
+    """Bytes of the decoder layers' gradients allocated during a backward: every trained element
+    but the vocabulary matrices' (0 with an optimizer in backward, which frees each at once)."""
+    if edges.in_backward:
+        return 0
+    elements = sum(group.elements for group in mem.stage.trainable) - sum(edges.edge_trained)
+    return max(0, elements) * edges.grad_bytes // edges.grads_sharded
+
+
+def training_slack(
+    ctx: TrainingContext, mem: StageMemory, targets: frozenset[str], settings: AllocatorSettings
+) -> TrainingSlack:
+    """Allocator slack of one stage's step (see the module docstring)."""
+    edges = step_shape(ctx, mem, targets, layers=False)
+    vocabulary = _vocabulary_slack(
+        edges, training_loss_script(ctx, mem, targets), min(ctx.workload.grad_accum, 2), settings
+    )
+    sharded = ctx.workload.parallel.shard in (Shard.FSDP, Shard.HSDP, Shard.ZERO3)
+    key = (settings.expandable_segments, sharded)
+    churn = layer_churn(mem)
+    return TrainingSlack(
+        vocabulary_bytes=max(0, vocabulary - _layer_gradients(ctx, mem, edges)),
+        layers_bytes=int(sum(f * c for f, c in zip(LAYER_SLACK_FRACTION[key], churn, strict=True))),
+        spread_bytes=int(LAYER_SLACK_SPREAD[key] * sum(churn)),
+    )
+
+
+def generation_spread(kv_bytes: int, settings: AllocatorSettings) -> int:
+    """The reserved margin of :func:`generation_slack` (``KV_GROWTH_SPREAD``)."""
+    return int(KV_GROWTH_SPREAD[settings.expandable_segments] * kv_bytes)
+
+
+def generation_slack(kv_bytes: int, settings: AllocatorSettings) -> int:
+    """Allocator slack (bytes) of transformers' ``generate()`` with a ``DynamicCache`` of
+    ``kv_bytes`` at the peak: each decode step concatenates every layer's keys and values into
+    tensors one token longer and frees the old ones, and the freed blocks are one token too short
+    for the next step's (``KV_GROWTH_FRACTION``, fitted to replays of that growth)."""
+    return int(KV_GROWTH_FRACTION[settings.expandable_segments] * kv_bytes)

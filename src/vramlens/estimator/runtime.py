@@ -1,0 +1,159 @@
+"""The device level from its parts: memory a process holds outside PyTorch's caching allocator.
+
+``device`` (what nvidia-smi shows) = ``reserved`` + the parts below. Each constant is in
+:data:`RUNTIME_CONSTANTS` with its source; "measured" ones say where and when. MB in a source is
+taken as the MiB the tools print (``torch.cuda.mem_get_info`` / 2**20, nvidia-smi MiB).
+
+* **CUDA context** (driver state, the per-SM local-memory reservation and the kernel modules
+  loaded so far). With lazy module loading (``CUDA_MODULE_LOADING=LAZY``, which PyTorch sets by
+  default since 1.13, pytorch/pytorch#86509, on CUDA >= 11.7) a bare context measured 287 MB
+  (PR #86509, 2022), about 400 MB (pytorch/pytorch#109888, 2023) and 426 MiB on an RTX 6000 Ada
+  with torch 2.10 + CUDA 13.0 (unslothai/unsloth-zoo#1053, 2026); a step then loads the kernels it
+  uses, bounded by eager loading's 667 MB (PR #86509). 512 MiB: a context plus a step's kernels.
+  With eager loading (torch < 1.13 or ``CUDA_MODULE_LOADING=EAGER``): "> 1000 MB" (ptrblck,
+  pytorch/pytorch#107667, 2023): 1000 MiB.
+* **NCCL**, per communicator this rank takes part in (buffers of ``NCCL_BUFFSIZE`` = 4 MiB per
+  channel and peer, channels chosen for the link's bandwidth; memory is linear in channels and a
+  ring has two connections, sjeaugey in NVIDIA/nccl#864/#986): measured after an all-reduce on
+  4 x A100 with NVLink, 544 MB for a 2-rank group and 688 MB for larger ones (NVIDIA/nccl#964,
+  2023). All-to-all (expert parallelism) connects every pair on up to 32 channels: 3.28 GB more
+  after the first ``all_to_all_single`` on 8 x H100 (NVIDIA/nccl#1685, 2025). Communicators: the
+  sharded/data-parallel group, the tensor-, context- and expert-parallel groups, and one 2-rank
+  group per pipeline neighbour; a group of one rank makes none.
+* **cuBLAS workspaces** come from the caching allocator (``getNewWorkspace`` in
+  ``aten/src/ATen/cuda/CublasHandlePool.cpp``: ``:4096:8`` = 32 MiB on sm90, ``:4096:2:16:8`` =
+  8.125 MiB elsewhere, per handle and stream; cuBLASLt shares it by default), so they are in
+  ``allocated``: :data:`CUBLAS_WORKSPACE_BYTES` (the Hopper size) is counted once there.
+* **paged optimizer state** (bitsandbytes paged optimizers): CUDA unified memory, seen by
+  nvidia-smi while resident, never by the allocator.
+
+vLLM's non-torch memory and CUDA graphs are engine constants
+(:mod:`vramlens.estimator.infer.engines`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from vramlens.units import MiB
+from vramlens.workload.options import Shard
+from vramlens.workload.spec import Parallelism
+
+__all__ = [
+    "CUBLAS_WORKSPACE_BYTES",
+    "CUDA_CONTEXT_BYTES",
+    "CUDA_CONTEXT_EAGER_BYTES",
+    "NCCL_ALL_TO_ALL_BYTES",
+    "NCCL_PAIR_BYTES",
+    "NCCL_RING_BYTES",
+    "RUNTIME_CONSTANTS",
+    "RuntimeConstant",
+    "communicators",
+    "runtime_parts",
+]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RuntimeConstant:
+    """One constant of the device level: bytes and where the number comes from."""
+
+    name: str
+    bytes: int
+    source: str
+
+
+def _constant(name: str, nbytes: int, source: str) -> RuntimeConstant:
+    return RuntimeConstant(name=name, bytes=nbytes, source=source)
+
+
+RUNTIME_CONSTANTS: Final = {
+    c.name: c
+    for c in (
+        _constant(
+            "cuda_context",
+            512 * MiB,
+            "lazy module loading: bare context 287 MB (pytorch/pytorch#86509, 2022), ~400 MB (#109888, 2023), "
+            "426 MiB RTX 6000 Ada torch 2.10+cu130 (unslothai/unsloth-zoo#1053, 2026); a step's kernels on top, "
+            "bounded by eager loading's 667 MB (#86509)",
+        ),
+        _constant(
+            "cuda_context_eager",
+            1000 * MiB,
+            "eager module loading (torch < 1.13, CUDA < 11.7 or CUDA_MODULE_LOADING=EAGER): '>1000MB' "
+            "(ptrblck, pytorch/pytorch#107667, 2023)",
+        ),
+        _constant(
+            "nccl_pair",
+            544 * MiB,
+            "measured: NCCL communicator of 2 ranks after an all-reduce, 4 x A100 NVLink (NVIDIA/nccl#964, 2023)",
+        ),
+        _constant(
+            "nccl_ring",
+            688 * MiB,
+            "measured: NCCL communicator of > 2 ranks after an all-reduce, 4 x A100 NVLink (NVIDIA/nccl#964, 2023)",
+        ),
+        _constant(
+            "nccl_all_to_all",
+            round(3.28 * 1024) * MiB,
+            "measured: +3.28 GB after the first all_to_all_single on 8 x H100, 32 channels per pair "
+            "(NVIDIA/nccl#1685, 2025)",
+        ),
+        _constant(
+            "cublas_workspace",
+            32 * MiB,
+            "aten/src/ATen/cuda/CublasHandlePool.cpp: CUBLAS_WORKSPACE_CONFIG default :4096:8 on sm90 "
+            "(:4096:2:16:8 = 8.125 MiB elsewhere), from the caching allocator (counted in allocated)",
+        ),
+    )
+}
+CUDA_CONTEXT_BYTES: Final = RUNTIME_CONSTANTS["cuda_context"].bytes
+CUDA_CONTEXT_EAGER_BYTES: Final = RUNTIME_CONSTANTS["cuda_context_eager"].bytes
+NCCL_PAIR_BYTES: Final = RUNTIME_CONSTANTS["nccl_pair"].bytes
+NCCL_RING_BYTES: Final = RUNTIME_CONSTANTS["nccl_ring"].bytes
+NCCL_ALL_TO_ALL_BYTES: Final = RUNTIME_CONSTANTS["nccl_all_to_all"].bytes
+CUBLAS_WORKSPACE_BYTES: Final = RUNTIME_CONSTANTS["cublas_workspace"].bytes
+
+
+def communicators(parallel: Parallelism) -> list[tuple[str, int, int]]:
+    """(group, ranks, bytes) of each NCCL communicator one rank of the busiest stage joins.
+
+    Data parallelism: one group of the data- and context-parallel ranks, which hold the same
+    parameters (HSDP: the shard group and the replica group);
+    tensor, context and expert parallelism: a group each; pipeline: one 2-rank group per
+    neighbouring stage (a middle stage has two). A rank alone in a group makes no communicator.
+    """
+    found: list[tuple[str, int, int]] = []
+
+    def add(group: str, ranks: int, nbytes: int | None = None) -> None:
+        if ranks > 1:
+            found.append((group, ranks, nbytes if nbytes is not None else _ring(ranks)))
+
+    dp = parallel.dp
+    if parallel.shard is Shard.HSDP and parallel.shard_degree is not None:
+        add("shard", parallel.shard_degree)
+        add("replicate", dp // parallel.shard_degree)
+    elif parallel.shard is not Shard.NONE:
+        add("data", dp * parallel.cp)
+    add("tensor", parallel.tp)
+    add("context", parallel.cp)
+    add("expert", parallel.ep, NCCL_ALL_TO_ALL_BYTES)
+    for neighbour in range(min(parallel.pp - 1, 2)):
+        add(f"pipeline {neighbour + 1}", 2)
+    return found
+
+
+def _ring(ranks: int) -> int:
+    return NCCL_PAIR_BYTES if ranks == 2 else NCCL_RING_BYTES
+
+
+def runtime_parts(parallel: Parallelism, *, paged_bytes: int = 0, eager_modules: bool = False) -> dict[str, int]:
+    """Memory outside the caching allocator, by part: the CUDA context, NCCL communicators and
+    paged optimizer state (bytes). ``eager_modules``: kernels loaded eagerly (torch < 1.13)."""
+    runtime = {"cuda_context": CUDA_CONTEXT_EAGER_BYTES if eager_modules else CUDA_CONTEXT_BYTES}
+    nccl = sum(nbytes for _, _, nbytes in communicators(parallel))
+    if nccl:
+        runtime["nccl"] = nccl
+    if paged_bytes:
+        runtime["paged_optimizer_state"] = paged_bytes
+    return runtime

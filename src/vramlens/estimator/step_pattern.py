@@ -1,0 +1,196 @@
+"""A training step as the allocator sees it: the requests of :class:`StepShape`, in code order.
+
+Order follows an eager PyTorch step (transformers' modules, ``loss.backward()``,
+``optimizer.step()``, ``zero_grad(set_to_none=True)``), as the simulator records it:
+
+* load: the cuBLAS workspace, then every resident weight (DDP's gradient buckets are left out:
+  persistent and in segments of their own, they never meet another request);
+* forward, layer by layer: the gathered unit (sharded parameters), autocast weight copies, the
+  saved activations, the layer's transient working set, the next hidden state; then the final
+  norm's output, the head's weight copy and the loss (:mod:`vramlens.estimator.loss_pattern`);
+* backward, layers in reverse: the recomputed layer (checkpointing), the gradient working set,
+  the layer's gradients (stepped and freed at once with an optimizer in backward), then its saved
+  tensors and weight copies are freed; the embedding's gradient last;
+* optimizer step: the moments (created by the first step), the step's temporaries (foreach: one
+  copy of every tensor at once; per-tensor: two copies of one tensor at a time), then the
+  gradients are freed.
+
+Two steps are written (the first creates the optimizer state, the second is the steady state),
+with at most two micro-steps of gradient accumulation each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vramlens.allocator.pattern import Pattern
+from vramlens.estimator.loss_pattern import LossScript
+from vramlens.estimator.runtime import CUBLAS_WORKSPACE_BYTES
+from vramlens.estimator.step_shape import StepShape
+
+__all__ = ["step_pattern"]
+
+
+@dataclass
+class _Forward:
+    """What a forward leaves for its backward (allocation keys)."""
+
+    at_end: list[int]
+    kept: list[list[int]] = field(default_factory=list)
+    """Each layer's saved tensors (and weight copies kept for its backward)."""
+    head: list[int] = field(default_factory=list)
+    names: dict[str, int] = field(default_factory=dict)
+    """The loss's live tensors by name."""
+
+
+class _Writer:
+    """Writes the events of ``layers`` decoder layers of ``shape`` into one pattern."""
+
+    def __init__(self, shape: StepShape, loss: LossScript, layers: int) -> None:
+        self.shape, self.loss, self.layers = shape, loss, layers
+        self.p = Pattern()
+        self.grads: list[int] = []
+        self.states_made = False
+
+    def _kind(self, layer: int) -> int:
+        return layer % len(self.shape.saved)
+
+    def trained_tensors(self) -> list[int]:
+        """Elements of every trained tensor, layers first (the optimizer's parameter order)."""
+        s = self.shape
+        found = [t for i in range(self.layers) for t in s.layer_trained[self._kind(i)]]
+        return found + list(s.edge_trained)
+
+    def load(self) -> None:
+        p, s = self.p, self.shape
+        p.alloc(CUBLAS_WORKSPACE_BYTES)
+        for nbytes in s.edge_params[:1]:
+            p.alloc(nbytes)
+        for i in range(self.layers):
+            for nbytes in s.layer_params[self._kind(i)]:
+                p.alloc(nbytes)
+        for nbytes in s.edge_params[1:]:
+            p.alloc(nbytes)
+        if s.adapter_params:
+            for elements in self.trained_tensors():
+                p.alloc(elements * s.param_bytes)
+
+    def _grad(self, elements: int) -> None:
+        """A gradient appears; with an optimizer in backward it is stepped and freed at once."""
+        s, p = self.shape, self.p
+        key = p.alloc(elements * s.grad_bytes // s.grads_sharded)
+        if s.in_backward:
+            if not self.states_made:
+                for _ in range(s.moments):
+                    p.alloc(elements * s.state_bytes // s.states_sharded)
+            p.free(key)
+        else:
+            self.grads.append(key)
+
+    def _script(self, steps: tuple[tuple[str, str, int], ...], names: dict[str, int]) -> None:
+        for op, name, nbytes in steps:
+            if op == "+":
+                names[name] = self.p.alloc(nbytes)
+            elif name in names:
+                self.p.free(names.pop(name))
+
+    def forward(self) -> _Forward:
+        """One micro-step's forward, up to the loss."""
+        p, s = self.p, self.shape
+        out = _Forward(at_end=[p.alloc(s.inputs)])
+        hidden = p.alloc(s.hidden)
+        gathered: list[int] = [p.alloc(s.gather_edges)]
+        cache: list[int] = []
+        for i in range(self.layers):
+            gathered.append(p.alloc(s.gather_layer))
+            working = [p.alloc(piece) for piece in _pieces(s.forward_working, s.hidden)]
+            casts = [p.alloc(c) for c in s.casts]
+            layer = [p.alloc(nbytes) for nbytes in s.saved[self._kind(i)]]
+            p.temporary(s.dequant)
+            p.free_all(working)
+            new_hidden = p.alloc(s.hidden)
+            p.free(hidden)
+            hidden = new_hidden
+            if len(gathered) > 2:
+                p.free(gathered.pop(1))
+            (layer if s.casts_kept else cache).extend(casts)
+            out.kept.append(layer)
+        p.free_all(gathered[1:])
+        out.at_end += [hidden, p.alloc(s.non_layer), gathered[0]]
+        out.head = [p.alloc(s.head_cast)]
+        self._script(self.loss.forward, out.names)
+        p.free_all(cache)  # the autocast cache is cleared when the forward's autocast region exits
+        return out
+
+    def backward(self, out: _Forward, *, grads: bool) -> None:
+        """One micro-step's backward; ``grads``: gradients are created (the first micro-step)."""
+        p, s = self.p, self.shape
+        self._script(self.loss.backward, out.names)
+        dhidden = p.alloc(s.hidden)
+        if grads and s.head_trained:
+            self._grad(s.edge_trained[-1])
+        self._script((("-", "dlogits", 0),), out.names)
+        p.free_all(out.head)
+        for i in reversed(range(self.layers)):
+            gathered = [p.alloc(s.gather_layer), p.alloc(s.gather_layer_grads)]
+            recomputed = [p.alloc(nbytes) for nbytes in s.recomputed]
+            working = [p.alloc(piece) for piece in _pieces(s.working, s.hidden)]
+            p.temporary(s.dequant)
+            if grads:
+                for elements in s.layer_trained[self._kind(i)]:
+                    self._grad(elements)
+            p.free_all(out.kept[i])
+            p.free_all(recomputed)
+            new_dhidden = p.alloc(s.hidden)
+            p.free(dhidden)
+            dhidden = new_dhidden
+            p.free_all(working)
+            p.free_all(gathered)
+        if grads and s.embedding_trained:
+            self._grad(s.edge_trained[0])
+        for name in list(out.names):
+            p.free(out.names.pop(name))
+        p.free(dhidden)
+        p.free_all(out.at_end)
+
+    def optimizer(self) -> None:
+        p, s = self.p, self.shape
+        if s.in_backward:
+            self.states_made = True
+            return
+        tensors = self.trained_tensors()
+        master = p.alloc(sum(tensors) * 4 // s.states_sharded if s.master_bytes else 0)
+        if not self.states_made:
+            for elements in tensors:
+                for _ in range(s.moments):
+                    p.alloc(elements * s.state_bytes // s.states_sharded)
+            self.states_made = True
+        if s.foreach:
+            copies = [p.alloc(e * s.state_bytes // s.states_sharded) for e in tensors]
+            p.free_all(copies)
+        elif s.per_tensor_copies:
+            for elements in tensors:
+                pair = [p.alloc(elements * s.state_bytes // s.states_sharded) for _ in range(2)]
+                p.free_all(pair)
+        p.free(master)
+        p.free_all(self.grads)
+
+
+def _pieces(total: int, piece: int) -> list[int]:
+    """``total`` bytes of a working set as tensors of at most ``piece`` bytes (a hidden state):
+    intermediates are created and freed among the layer's other tensors, not as one block."""
+    if total <= 0 or piece <= 0:
+        return []
+    count = -(-total // piece)
+    return [total // count] * count
+
+
+def step_pattern(shape: StepShape, loss: LossScript, *, layers: int, micro_steps: int = 1) -> Pattern:
+    """Load, then two optimizer steps of ``micro_steps`` micro-steps each, for ``layers`` layers."""
+    writer = _Writer(shape, loss, layers)
+    writer.load()
+    for _ in range(2):
+        for micro in range(min(micro_steps, 2)):
+            writer.backward(writer.forward(), grads=micro == 0)
+        writer.optimizer()
+    return writer.p

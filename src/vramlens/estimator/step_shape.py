@@ -1,0 +1,247 @@
+"""The tensors a training step's terms imply, tensor by tensor: what the allocator is asked for.
+
+The estimator's terms are totals at instants (:mod:`vramlens.estimator.quantities`); the caching
+allocator's slack depends on the individual requests behind them. :func:`step_shape` lists them
+from the same sources the terms come from: parameter tensors from the model's linears and norms
+(:mod:`vramlens.model.modules`), saved activations from the layer recipe's parts
+(:mod:`vramlens.estimator.recompute`), logits from the loss implementation
+(:mod:`vramlens.estimator.logits`), and the optimizer's moments per parameter tensor
+(:mod:`vramlens.estimator.optimizers`). :mod:`vramlens.estimator.step_pattern` orders them into a
+step. Bytes are ``int``; "per layer" lists hold one decoder layer's tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from vramlens.estimator.fsdp import units
+from vramlens.estimator.layout import EMBED_NAMES, StageView
+from vramlens.estimator.optimizers import optimizer_model
+from vramlens.estimator.quantities import StageMemory
+from vramlens.estimator.recompute import layer_activations, train_state
+from vramlens.estimator.saved_parts import GATHERED, HEADS, SEQUENCE
+from vramlens.model.modules import layer_linears
+from vramlens.model.params import norm_parameters
+from vramlens.model.spec import LayerKind
+from vramlens.resolve._memo import memo
+from vramlens.resolve.context import TrainingContext
+from vramlens.workload.options import OptimizerImpl, Recompute, Shard
+
+__all__ = ["StepShape", "step_shape"]
+
+_PARAM_SHARDED = {Shard.ZERO3, Shard.FSDP, Shard.HSDP}
+_GRAD_SHARDED = _PARAM_SHARDED | {Shard.ZERO2}
+_STATE_SHARDED = _GRAD_SHARDED | {Shard.ZERO1}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepShape:
+    """One stage's step as allocator requests (bytes per tensor on this rank; trained tensors in elements)."""
+
+    layers: int
+    edge_params: tuple[int, ...]
+    """Embedding, then final norm and head weights (resident)."""
+    layer_params: tuple[tuple[int, ...], ...]
+    """Each layer kind's resident weights (frozen base or trained), in module order."""
+    layer_trained: tuple[tuple[int, ...], ...]
+    """Each layer kind's trained tensors in elements (full: the weights; LoRA: A and B per target)."""
+    edge_trained: tuple[int, ...]
+    """Trained vocabulary matrices in elements: the embedding first, the head last."""
+    embedding_trained: bool
+    head_trained: bool
+    adapter_params: bool
+    """Trained tensors are parameters of their own beside the resident weights (PEFT)."""
+    param_bytes: int
+    grad_bytes: int
+    state_bytes: int
+    moments: int
+    master_bytes: int
+    foreach: bool
+    per_tensor_copies: int
+    """Temporaries a per-tensor step makes of each tensor (0: in place, fused)."""
+    saved: tuple[tuple[int, ...], ...]
+    """Each layer kind's saved activations (one tensor per recipe part; the layer input under recompute)."""
+    recomputed: tuple[int, ...]
+    """What one recomputed layer re-creates in backward (empty without recompute)."""
+    casts: tuple[int, ...]
+    """Autocast bf16 weight copies of one layer (full mixed-precision training)."""
+    casts_kept: bool
+    """A layer's copies stay until its backward (no recompute); else the cache drops them after forward."""
+    head_cast: int
+    forward_working: int
+    working: int
+    hidden: int
+    """One hidden state of the micro-batch (the residual stream between layers)."""
+    non_layer: int
+    inputs: int
+    dequant: int
+    gather_edges: int
+    gather_layer: int
+    gather_layer_grads: int
+    grads_sharded: int
+    states_sharded: int
+    in_backward: bool
+
+
+def _layer_weights(ctx: TrainingContext, kind: LayerKind, layer_elements: int) -> list[int]:
+    """Elements of each weight of one layer of ``kind`` on this rank: linears (and biases), norms, and
+    the rest (routed experts as fused 3-D gate/up and down tensors, the router; a state mixer's
+    convolution and vectors) in two tensors (memoized on the spec)."""
+    key = ("step-layer-weights", kind, layer_elements, ctx.workload.parallel.tp)
+    return memo(ctx.spec, key, lambda: _weights_of_layer(ctx, kind, layer_elements))
+
+
+def _weights_of_layer(ctx: TrainingContext, kind: LayerKind, layer_elements: int) -> list[int]:
+    spec, tp = ctx.spec, ctx.workload.parallel.tp
+    weights: list[int] = []
+    for s in layer_linears(spec, kind):
+        weights.append(s.in_features * s.out_features // tp)
+        if s.bias:
+            weights.append(s.out_features // tp)
+    weights.extend([norm_parameters(spec.norm, spec.hidden_size)] * spec.norms_per_layer)
+    rest = layer_elements - sum(weights)
+    if rest > 0:
+        weights.extend([2 * rest // 3, rest - 2 * rest // 3])
+    return weights
+
+
+def _adapters(ctx: TrainingContext, kind: LayerKind, targets: frozenset[str]) -> list[int]:
+    """Elements of the LoRA A (r x in) and B (out x r) matrices of one layer of ``kind``."""
+    rank, tp = ctx.workload.lora.rank, ctx.workload.parallel.tp
+    found: list[int] = []
+    for s in layer_linears(ctx.spec, kind):
+        if s.name in targets:
+            found.extend([rank * s.in_features, s.out_features // tp * rank])
+    return found
+
+
+def _kinds(ctx: TrainingContext, stage: StageView) -> list[LayerKind]:
+    """The (mixer, FFN) kind of each layer kind, in order: two kinds where layers alternate (MoE and
+    dense, sliding and global attention, Mamba and attention), else one (memoized on the spec)."""
+    return memo(ctx.spec, ("step-layer-kinds", stage.layer_range), lambda: _layer_kinds(ctx, stage))
+
+
+def _layer_kinds(ctx: TrainingContext, stage: StageView) -> list[LayerKind]:
+    kinds = [ctx.spec.layers[i].kind for i in stage.layer_range]
+    windows = [ctx.spec.layers[i].window for i in stage.layer_range]
+    period = 2 if len(set(zip(kinds, windows, strict=True))) > 1 else 1
+    return kinds[:period] or [LayerKind()]
+
+
+def _saved(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str]) -> tuple[list[int], list[int]]:
+    """(one layer's saved tensors, one recomputed layer's tensors): the recipe's parts when the
+    layer keeps them all; under recompute the layer's share of the saved total as one tensor (the
+    checkpointed input) and the parts re-created in its backward."""
+    stage = mem.stage
+    acts = layer_activations(ctx, train_state(ctx, targets), stage.layer_range)
+    tp = ctx.workload.parallel.tp
+    divisor = {HEADS: tp, SEQUENCE: tp, GATHERED: 1}
+    parts = [int(p.bytes_per_token / divisor[p.split] * ctx.tokens) for p in acts.full_layer_parts]
+    parts = [p for p in parts if p]
+    per_layer = mem.activations // max(stage.layers, 1)
+    if per_layer and abs(sum(parts) - per_layer) <= 0.02 * per_layer:
+        return parts, []
+    recomputed = parts if mem.recompute else []
+    return ([per_layer] if per_layer else []), recomputed
+
+
+def _trained_edges(ctx: TrainingContext, stage: StageView) -> tuple[bool, bool, tuple[int, ...]]:
+    """(embedding trained, head trained, their elements: embedding first)."""
+    spec = ctx.spec
+    table = spec.vocab_size * spec.hidden_size // ctx.workload.parallel.tp
+    tied = spec.tie_word_embeddings
+    if ctx.full:
+        embedding, head = stage.first, stage.last and not (tied and stage.first)
+    else:
+        saved = set(ctx.workload.lora.modules_to_save)
+        embedding = stage.first and bool(saved & EMBED_NAMES)
+        head = stage.last and bool(saved - EMBED_NAMES)
+    return embedding, head, (table,) * (embedding + head)
+
+
+def _fsdp_sizes(ctx: TrainingContext, stage: StageView) -> tuple[int, int, int]:
+    """(edge units gathered through the step, one layer unit, its unsharded gradients), bytes."""
+    if ctx.workload.parallel.shard not in _PARAM_SHARDED:
+        return 0, 0, 0
+    u = units(ctx, stage)
+    return u.embedding + u.tail, u.layer, u.layer_grads
+
+
+def step_shape(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str], *, layers: bool = True) -> StepShape:
+    """The allocator requests of one stage's step (see the module docstring); ``layers=False``
+    leaves the decoder layers' lists empty (the vocabulary-sized tensors alone)."""
+    stage, parallel, spec = mem.stage, ctx.workload.parallel, ctx.spec
+    d_param = ctx.shard_group if parallel.shard in _PARAM_SHARDED else 1
+    kinds = _kinds(ctx, stage) if layers else []
+    layer_params, layer_trained = _layer_tensors(ctx, stage, targets, kinds, d_param)
+    table = spec.vocab_size * spec.hidden_size // parallel.tp
+    edges = [table] if stage.first else []
+    if stage.last and not (spec.tie_word_embeddings and stage.first):
+        edges.append(table)
+    edge_bytes = ctx.param_bytes if ctx.full else ctx.frozen_bytes
+    embedding, head, trained_edges = _trained_edges(ctx, stage)
+    group = stage.trainable[0] if stage.trainable else None
+    a = ctx.compute_bytes
+    saved, recomputed = _saved(ctx, mem, targets) if layers else ([], [])
+    gather_edges, gather_layer, gather_grads = _fsdp_sizes(ctx, stage)
+    full_cast = ctx.autocast and ctx.full
+    return StepShape(
+        layers=stage.layers,
+        edge_params=tuple(int(e * edge_bytes) // d_param for e in edges),
+        layer_params=tuple(layer_params),
+        layer_trained=tuple(layer_trained) or ((),),
+        edge_trained=trained_edges,
+        embedding_trained=embedding,
+        head_trained=head,
+        adapter_params=not ctx.full,
+        param_bytes=int(group.param_bytes) if group is not None else ctx.param_bytes,
+        grad_bytes=group.grad_bytes if group is not None else ctx.grad_bytes,
+        state_bytes=group.state_bytes if group is not None else ctx.state_bytes,
+        master_bytes=ctx.master_bytes,
+        **_optimizer_fields(ctx),
+        saved=tuple(tuple(saved) for _ in kinds) or ((),),
+        recomputed=tuple(recomputed),
+        casts=tuple(w * a for w in layer_trained[0] if w > spec.hidden_size) if full_cast and layers else (),
+        casts_kept=ctx.workload.recompute is Recompute.NONE,
+        head_cast=table * a if full_cast and stage.last else 0,
+        forward_working=mem.forward_working,
+        working=mem.working,
+        hidden=ctx.tokens * spec.hidden_size * a,
+        non_layer=mem.non_layer,
+        inputs=mem.inputs,
+        dequant=mem.dequant,
+        gather_edges=gather_edges,
+        gather_layer=gather_layer,
+        gather_layer_grads=gather_grads,
+        grads_sharded=ctx.shard_group if parallel.shard in _GRAD_SHARDED else 1,
+        states_sharded=ctx.shard_group if parallel.shard in _STATE_SHARDED else 1,
+        in_backward=ctx.in_backward_step,
+    )
+
+
+def _layer_tensors(
+    ctx: TrainingContext, stage: StageView, targets: frozenset[str], kinds: list[LayerKind], d_param: int
+) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
+    """(resident weights in bytes, trained tensors in elements) of each layer kind."""
+    layer_params, layer_trained = [], []
+    for kind in kinds:
+        weights = _layer_weights(ctx, kind, stage.layer_elements)
+        if ctx.full:
+            layer_params.append(tuple(w * ctx.param_bytes // d_param for w in weights))
+            layer_trained.append(tuple(weights))
+        else:
+            frozen = stage.frozen_bytes / max(stage.layers, 1) / max(sum(weights), 1)
+            layer_params.append(tuple(int(w * frozen) // d_param for w in weights if w))
+            layer_trained.append(tuple(_adapters(ctx, kind, targets)))
+    return layer_params, layer_trained
+
+
+def _optimizer_fields(ctx: TrainingContext) -> dict[str, Any]:
+    """The optimizer's share of a :class:`StepShape`: moments per tensor and step temporaries."""
+    optimizer = optimizer_model(ctx.workload.optimizer)
+    return {
+        "moments": 0 if optimizer.paged else optimizer.moments,
+        "foreach": ctx.optimizer_impl is OptimizerImpl.FOREACH and optimizer.temp_copies > 0 and optimizer.moments > 0,
+        "per_tensor_copies": 2 if ctx.optimizer_impl is OptimizerImpl.PER_TENSOR and optimizer.temp_copies else 0,
+    }

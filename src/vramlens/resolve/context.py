@@ -1,0 +1,259 @@
+"""``TrainingContext``: a workload resolved against its model and framework, once per estimate.
+
+Every term function reads this object, so "what is trainable, in which dtype,
+split how many ways" is decided in exactly one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vramlens.errors import InputError
+from vramlens.model.spec import ModelSpec
+from vramlens.resolve._memo import memo
+from vramlens.resolve.attention import hf_attention_kernel
+from vramlens.resolve.frameworks import PLAIN_NOTE, FrameworkProfile, MixedStyle, profile_for
+from vramlens.resolve.kbit import kbit_notes, prepared_compute_bytes
+from vramlens.workload.options import (
+    AttentionImpl,
+    Framework,
+    LossImpl,
+    Method,
+    OptimizerImpl,
+    Precision,
+    Quant,
+    Shard,
+)
+from vramlens.workload.spec import Workload
+from vramlens.workload.versions import older_than, rule_note
+
+__all__ = ["TrainingContext", "check_head_split", "resolve_training"]
+
+_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainingContext:
+    """Resolved settings of one training workload on one rank."""
+
+    spec: ModelSpec
+    workload: Workload
+    profile: FrameworkProfile
+    param_bytes: int
+    """Bytes per element of the resident (possibly sharded) trainable weights."""
+    frozen_bytes: float
+    """Bytes per element of frozen base weights (0.5 + scales for 4-bit, handled in weights.py)."""
+    compute_bytes: int
+    """Bytes per element of activations (2 for bf16/fp16 compute, 4 for fp32)."""
+    grad_bytes: int
+    """Bytes per element of gradients of trainable parameters."""
+    state_bytes: int
+    """Bytes per element of optimizer moments (AdamW keeps them in the parameter dtype)."""
+    master_bytes: int
+    """Bytes per element of a separate fp32 master copy (0 when the parameters are the master)."""
+    autocast: bool
+    """fp32 weights computed in bf16/fp16 by torch.autocast (weight casts are kept for backward)."""
+    attention: AttentionImpl
+    loss: LossImpl
+    compiled_loss: bool
+    """torch.compile fuses the cross-entropy (``compile: true``, ``loss: auto``, a framework that compiles its loss)."""
+    optimizer_impl: OptimizerImpl
+    tokens: int
+    """Tokens per micro-batch on this rank: batch x seq / cp."""
+    shard_group: int
+    """Ranks sharing one copy of sharded state (1 when nothing is sharded)."""
+    assumptions: tuple[str, ...]
+
+    @property
+    def method(self) -> Method:
+        return self.workload.method
+
+    @property
+    def in_backward_step(self) -> bool:
+        """Gradients are stepped and freed one by one during backward. Not under a whole-model
+        torch.compile, whose compiled backward returns every gradient at once; a framework that
+        compiles each layer on its own (torchtune) still frees them layer by layer."""
+        whole_model_compile = self.workload.compile and not self.profile.compiles_per_layer
+        return self.workload.optimizer_in_backward and not whole_model_compile
+
+    @property
+    def full(self) -> bool:
+        """Every parameter is trained."""
+        return self.workload.method is Method.FULL
+
+
+def _dtypes(precision: Precision, profile: FrameworkProfile, *, sharded_params: bool) -> dict[str, int | bool]:
+    """Element sizes of params / compute / grads / states / master copy for a precision policy."""
+    if precision is Precision.FP32:
+        return {"param": 4, "compute": 4, "grad": 4, "state": 4, "master": 0, "autocast": False}
+    if precision in (Precision.BF16, Precision.FP16):
+        return {"param": 2, "compute": 2, "grad": 2, "state": 2, "master": 0, "autocast": False}
+    if profile.mixed is MixedStyle.AUTOCAST and not sharded_params:
+        return {"param": 4, "compute": 2, "grad": 4, "state": 4, "master": 0, "autocast": True}
+    if profile.mixed is MixedStyle.AUTOCAST:
+        # FSDP/ZeRO-3 under accelerate: fp32 flat parameters, bf16 all-gathered compute parameters.
+        return {"param": 4, "compute": 2, "grad": 4, "state": 4, "master": 0, "autocast": False}
+    if profile.mixed is MixedStyle.FSDP_PARAM_DTYPE:
+        return {"param": 4, "compute": 2, "grad": 4, "state": 4, "master": 0, "autocast": False}
+    return {"param": 2, "compute": 2, "grad": 2, "state": 4, "master": 4, "autocast": False}
+
+
+def _attention(workload: Workload, profile: FrameworkProfile, spec: ModelSpec, notes: list[str]) -> AttentionImpl:
+    """The kernel: the workload's, or the framework's default for ``auto``; under HF, what
+    transformers runs for the family (:mod:`vramlens.resolve.attention`)."""
+    resolved = workload.attention
+    if resolved is AttentionImpl.AUTO:
+        resolved = profile.attention
+    note = ""
+    transformers_loop = profile.name in (Framework.HF, Framework.PLAIN)  # transformers models: what transformers runs
+    old_default = workload.attention is AttentionImpl.AUTO and older_than(workload.versions, "sdpa_default")
+    if transformers_loop and old_default:
+        notes.append(rule_note(workload.versions, "sdpa_default"))
+        return AttentionImpl.EAGER
+    if transformers_loop:
+        resolved, note = hf_attention_kernel(workload.attention, resolved, spec)
+    if note:
+        notes.append(note)
+    elif workload.attention is AttentionImpl.AUTO:
+        notes.append(f"attention auto: {profile.attention} ({profile.name} default)")
+    return resolved
+
+
+def _loss(workload: Workload, profile: FrameworkProfile, notes: list[str]) -> LossImpl:
+    if workload.loss is not LossImpl.AUTO:
+        return workload.loss
+    notes.append(f"loss auto: {profile.loss} ({profile.name} default)")
+    return profile.loss
+
+
+def _compiled_loss(workload: Workload, profile: FrameworkProfile, notes: list[str]) -> bool:
+    """An explicit ``loss: full`` means the eager cross-entropy even under compile."""
+    if not (workload.compile and profile.compiles_loss and workload.loss is LossImpl.AUTO):
+        return False
+    if profile.loss is not LossImpl.FULL:  # a chunked or fused loss keeps its own formula
+        return False
+    notes.append(f"compile: {profile.name} compiles the loss with the model (fused cross-entropy)")
+    return True
+
+
+def _optimizer_impl(workload: Workload, profile: FrameworkProfile, notes: list[str]) -> OptimizerImpl:
+    if workload.optimizer_impl is not OptimizerImpl.AUTO:
+        return workload.optimizer_impl
+    notes.append(f"optimizer_impl auto: {profile.optimizer_impl} ({profile.name} default)")
+    return profile.optimizer_impl
+
+
+def check_head_split(spec: ModelSpec, workload: Workload) -> None:
+    """Tensor parallelism splits attention by heads (KV heads replicated when tp exceeds them),
+    expert parallelism splits routed experts; both engines (training and inference) require it.
+    A model described from its code has its layers traced whole: no TP, EP or CP split."""
+    if spec.generic is not None:
+        parallel = workload.parallel
+        for key, value in (("parallel.tp", parallel.tp), ("parallel.ep", parallel.ep), ("parallel.cp", parallel.cp)):
+            if value > 1:
+                raise InputError(
+                    f"{key}: {value} is not modelled for {spec.name}: with no native vramlens family its layers "
+                    "are traced from transformers' code on one device (use 1, or data parallelism/sharding)"
+                )
+        return
+    tp = workload.parallel.tp
+    if spec.num_heads % tp or (spec.num_kv_heads % tp and tp % spec.num_kv_heads):
+        raise InputError(
+            f"parallel.tp: {tp} must divide the {spec.num_heads} attention heads and divide or be a multiple of "
+            f"the {spec.num_kv_heads} KV heads of {spec.name}"
+        )
+    ep = workload.parallel.ep
+    if ep > 1 and (spec.moe is None or spec.moe.num_experts % ep):
+        experts = spec.moe.num_experts if spec.moe else 0
+        raise InputError(f"parallel.ep: {ep} must divide the model's {experts} experts (ep > 1 needs an MoE model)")
+
+
+def _check_model_fit(spec: ModelSpec, workload: Workload) -> None:
+    """Workload rules that need the model: context length, TP/EP divisibility."""
+    limit = spec.max_position_embeddings
+    if workload.seq > limit and not workload.allow_long_context:
+        raise InputError(
+            f"seq: {workload.seq} exceeds {spec.name}'s max_position_embeddings {limit}; "
+            "set allow_long_context: true if the model is set up for it (RoPE scaling)"
+        )
+    check_head_split(spec, workload)
+    if workload.seq % workload.parallel.cp:
+        raise InputError(f"parallel.cp: {workload.parallel.cp} must divide seq {workload.seq}")
+    if workload.method is Method.QLORA and workload.quant in (Quant.FP8, Quant.GPTQ_INT8, Quant.INT8):
+        raise InputError(
+            f"quant: qlora trains adapters on a 4-bit base; got {workload.quant} (use nf4, nf4-dq, gptq-int4 or awq-int4)"
+        )
+
+
+def _resolved_settings(spec: ModelSpec, workload: Workload) -> dict[str, object]:
+    """The workload-dependent settings of a context, memoized on the spec by the keys they read."""
+    parallel = workload.parallel
+    sharded = parallel.shard in (Shard.FSDP, Shard.HSDP, Shard.ZERO3)
+    key = (
+        "training-settings", workload.framework, workload.precision, sharded, workload.method, workload.quant,
+        workload.optimizer_in_backward, workload.compile, workload.attention, workload.loss, workload.optimizer_impl,
+        workload.float8, workload.packing, workload.versions,
+    )  # fmt: skip
+    return memo(spec, key, lambda: _settings(workload, spec))
+
+
+def _settings(workload: Workload, spec: ModelSpec) -> dict[str, object]:
+    profile, note = profile_for(workload.framework)
+    sharded = workload.parallel.shard in (Shard.FSDP, Shard.HSDP, Shard.ZERO3)
+    notes = [note] if note else []
+    if profile.name is Framework.PLAIN:
+        notes.append(PLAIN_NOTE)
+    sizes = _dtypes(workload.precision, profile, sharded_params=sharded)
+    sizes["compute"] = prepared_compute_bytes(
+        workload, profile, compute=int(sizes["compute"]), autocast=bool(sizes["autocast"])
+    )
+    if workload.precision.mixed:
+        notes.append(f"precision {workload.precision}: {profile.mixed} ({profile.name})")
+    if workload.optimizer_in_backward and workload.compile and not profile.compiles_per_layer:
+        notes.append(
+            "optimizer_in_backward under compile: the compiled backward returns all gradients at once, so they are not freed early"
+        )
+    elif workload.optimizer_in_backward and workload.compile:
+        notes.append(
+            f"optimizer_in_backward under compile: {profile.name} compiles each layer on its own, so gradients are "
+            "still stepped and freed layer by layer"
+        )
+    if workload.float8:
+        notes.append(
+            "float8: torchao Float8Linear keeps the high-precision inputs for backward and casts to fp8 per matmul, "
+            "so activations and weights are counted as in bf16"
+        )
+    if workload.packing:
+        notes.append("packing: every sample fills seq; document boundaries handled by a varlen kernel without a mask")
+    if workload.method is Method.QLORA and workload.quant is Quant.NONE:
+        notes.append("method qlora without quant: assuming nf4-dq (QLoRA: NF4 with double quantization)")
+    notes.extend(kbit_notes(workload, profile))
+    settings: dict[str, object] = {
+        "profile": profile,
+        "param_bytes": int(sizes["param"]),
+        "frozen_bytes": float(sizes["param"] if workload.method is Method.FULL else sizes["compute"]),
+        "compute_bytes": int(sizes["compute"]),
+        "grad_bytes": int(sizes["grad"]),
+        "state_bytes": int(sizes["state"]),
+        "master_bytes": int(sizes["master"]),
+        "autocast": bool(sizes["autocast"]),
+        "attention": _attention(workload, profile, spec, notes),
+        "loss": _loss(workload, profile, notes),
+        "optimizer_impl": _optimizer_impl(workload, profile, notes),
+        "compiled_loss": _compiled_loss(workload, profile, notes),
+    }
+    settings["assumptions"] = tuple(notes)
+    return settings
+
+
+def resolve_training(spec: ModelSpec, workload: Workload) -> TrainingContext:
+    """Resolve ``workload`` for ``spec``; raises :class:`InputError` naming the key on conflicts."""
+    _check_model_fit(spec, workload)
+    parallel = workload.parallel
+    return TrainingContext(
+        spec=spec,
+        workload=workload,
+        tokens=workload.batch * workload.seq // parallel.cp,
+        shard_group=parallel.shard_group,
+        **_resolved_settings(spec, workload),  # type: ignore[arg-type]
+    )

@@ -1,0 +1,158 @@
+"""How each model family's transformers implementation keeps tensors for backward.
+
+These are facts about the eager PyTorch code of ``transformers`` 5.x (read from
+the modeling files, and checked by measuring the tensors autograd saves on CPU
+in ``tests/estimator/test_activations_hf.py``). They decide per-layer activation
+bytes in :mod:`vramlens.estimator.activations`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+__all__ = ["HF_STYLES", "HfStyle", "NormStyle", "hf_style"]
+
+
+class NormStyle:
+    """Names of norm implementations (what one norm keeps for backward)."""
+
+    RMS = "rms"
+    """LlamaRMSNorm: fp32 copy of the input, rsqrt per token, normalized tensor cast back to the input dtype."""
+    RMS_FP32_WEIGHT = "rms-fp32-weight"
+    """OLMo 2: like RMS but the weight is applied in fp32, so the normalized tensor is kept in fp32."""
+    GEMMA = "gemma"
+    """GemmaRMSNorm: computed in fp32 with (1 + weight); the normalized fp32 tensor is kept."""
+    LAYERNORM = "layernorm"
+    """nn.LayerNorm: keeps its input, and mean and rstd per token."""
+    COHERE = "cohere"
+    """Cohere2LayerNorm (bias-free LayerNorm written in fp32 arithmetic): ``x - mean`` is computed
+    twice (once for the variance, once to normalize) and both fp32 copies are kept, with the rsqrt
+    per token and, when the weight trains, the fp32 normalized tensor."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HfStyle:
+    """Saved-tensor facts of one family's decoder layer."""
+
+    norm: str = NormStyle.RMS
+    pre_attn_norm: bool = True
+    pre_mlp_norm: bool = True
+    post_attn_norm: bool = False
+    """A norm on the attention output before the residual add (Gemma 2/3, OLMo 2)."""
+    post_mlp_norm: bool = False
+    out_proj_copy: bool = False
+    """The attention output is copied before the output projection even with SDPA."""
+    eager_softmax_fp32: bool = True
+    """Eager attention up-casts the scores to fp32 for the softmax (keeps fp32 and bf16 probabilities)."""
+    sdpa: bool = True
+    """transformers supports SDPA for this family (Gemma 2 does not: eager by default)."""
+    router_fp32: bool = False
+    """The MoE router runs in fp32 on an fp32 copy of its input (DeepSeek V2/V3)."""
+    qkv_views: bool = False
+    """Queries, keys and values are views of one fused projection output and the rotary
+    embedding replaces queries and keys with new tensors (GPT-NeoX, sequential Falcon): a
+    fused kernel keeping the value view keeps the whole buffer, queries and keys included,
+    beside their rotary copies. Found with HF Trainer's ``use_cache=False`` (with a cache
+    the keys and values are its concatenated copies)."""
+    sdpa_mask: bool = False
+    """Every layer hands SDPA an explicit mask (Falcon): keys/values are repeated to all heads
+    and the mask is kept per layer, as for sliding-window layers."""
+    held_embeddings: int = 1
+    """Hidden-size tensors the model's ``forward`` holds in locals through every layer
+    (inference working set): ``inputs_embeds``; GPT-2 also ``position_embeds``."""
+    mlp_held: int = 1
+    """Hidden-size tensors a decoder layer still references while its MLP runs, besides the
+    residual stream and the MLP input: the layer's input (the caller's loop variable, once
+    the layer rebinds ``residual``) in sequential blocks, the attention output in parallel
+    blocks (Phi, GPT-NeoX); GPT2Block holds both (``attn_output`` is a local)."""
+    rope_sets: int = 1
+    """Rotary (cos, sin) tables the model computes once per forward (Gemma 3: local and global)."""
+    rope_fp32: bool = False
+    """Rotary embeddings are applied in fp32 (Cohere's ``apply_rotary_pos_emb`` up-casts q and k)."""
+    router_topk_first: bool = False
+    """The MoE router takes the top-k of its logits and softmaxes only those, in the compute dtype
+    (gpt-oss ``GptOssTopKRouter``): no expert-wide fp32 probabilities are kept."""
+    peft_wraps_experts: bool = True
+    """PEFT's ``target_modules="all-linear"`` (0.21) also adapts the MoE experts' 3-D parameters
+    (ParamWrapper), which the estimate does not model (checked for OLMoE, Mixtral, Qwen3-MoE and
+    GLM-4.5; not gpt-oss, whose experts PEFT leaves alone)."""
+    gpu_kernel: str = "flash-attention 2 (soft-capping in the kernel)"
+    """What ``attention: flash`` runs for a family without SDPA (its class's flash path)."""
+    dense_experts: bool = False
+    """Every routed expert runs on every token (Llama 4: ``torch.bmm`` over all experts on
+    copies of the input scaled by a sigmoid router score, zero for the unrouted ones);
+    see :func:`vramlens.estimator.moe_dense.dense_expert_parts`."""
+    flash: bool = True
+    """transformers supports flash-attention 2 for this family (Llama 4 does not)."""
+    all_linear_lora: bool = True
+    """PEFT's ``all-linear`` LoRA runs on this family. Llama 4's ``Llama4Router`` subclasses
+    ``nn.Linear`` but returns a tuple: PEFT wraps it and its forward fails."""
+    logits_fp32: bool = False
+    """The model's forward returns float32 logits (Nemotron-H: ``self.lm_head(hidden_states).float()``),
+    which the loss and the kept ``outputs.logits`` then hold."""
+
+
+HF_STYLES: Final[dict[str, HfStyle]] = {
+    "llama": HfStyle(),
+    "mistral": HfStyle(),
+    "mixtral": HfStyle(),
+    "qwen2": HfStyle(),
+    "qwen2_moe": HfStyle(),
+    "qwen3": HfStyle(),
+    "qwen3_moe": HfStyle(),
+    "phi3": HfStyle(out_proj_copy=True),
+    "deepseek_v2": HfStyle(router_fp32=True),
+    "deepseek_v3": HfStyle(router_fp32=True),
+    "olmo2": HfStyle(
+        norm=NormStyle.RMS_FP32_WEIGHT, pre_attn_norm=False, pre_mlp_norm=False, post_attn_norm=True, post_mlp_norm=True
+    ),
+    "gemma": HfStyle(norm=NormStyle.GEMMA),
+    "gemma2": HfStyle(norm=NormStyle.GEMMA, post_attn_norm=True, post_mlp_norm=True, sdpa=False),
+    "gemma3_text": HfStyle(norm=NormStyle.GEMMA, post_attn_norm=True, post_mlp_norm=True, rope_sets=2),
+    "gemma3": HfStyle(norm=NormStyle.GEMMA, post_attn_norm=True, post_mlp_norm=True, rope_sets=2),
+    "phi": HfStyle(norm=NormStyle.LAYERNORM, pre_mlp_norm=False, out_proj_copy=True),
+    "gpt2": HfStyle(norm=NormStyle.LAYERNORM, eager_softmax_fp32=False, held_embeddings=2, mlp_held=2),
+    "gpt_neox": HfStyle(norm=NormStyle.LAYERNORM, out_proj_copy=True, qkv_views=True),
+    "falcon": HfStyle(norm=NormStyle.LAYERNORM, eager_softmax_fp32=False, sdpa_mask=True, qkv_views=True),
+    "starcoder2": HfStyle(norm=NormStyle.LAYERNORM),
+    # GptOssRMSNorm multiplies by the weight before casting back (fp32 normalized tensor kept);
+    # transformers refuses SDPA (sinks); eager softmaxes in the scores' dtype.
+    "gpt_oss": HfStyle(
+        norm=NormStyle.RMS_FP32_WEIGHT,
+        eager_softmax_fp32=False,
+        sdpa=False,
+        router_topk_first=True,
+        peft_wraps_experts=False,
+        gpu_kernel="flash-attention 3 with sinks (kernels-community/vllm-flash-attn3, which transformers "
+        "substitutes for flash_attention_2 on gpt-oss)",
+    ),
+    "olmoe": HfStyle(),
+    "smollm3": HfStyle(),
+    "cohere2": HfStyle(norm=NormStyle.COHERE, pre_mlp_norm=False, rope_fp32=True),
+    # Glm4Moe's rotary concatenates the rotated and passed-through halves (torch.cat), so queries are
+    # contiguous (b, heads, s, d); SDPA's output follows the query layout and the transpose before o_proj copies.
+    "glm4_moe": HfStyle(router_fp32=True, out_proj_copy=True),
+    # Multimodal wrappers keep their text decoder's style (the vision side computes nothing on text batches).
+    # Llama4TextDecoderLayer keeps its attention output (``attention_states``) through the MLP.
+    "llama4_text": HfStyle(
+        eager_softmax_fp32=False, dense_experts=True, flash=False, all_linear_lora=False, mlp_held=2
+    ),
+    "llama4": HfStyle(eager_softmax_fp32=False, dense_experts=True, flash=False, all_linear_lora=False, mlp_held=2),
+    "qwen2_5_vl": HfStyle(),
+    "qwen3_vl": HfStyle(),
+    "qwen3_vl_moe": HfStyle(),
+    "mistral3": HfStyle(),
+    "ministral3": HfStyle(),
+    "qwen3_next": HfStyle(norm=NormStyle.GEMMA, out_proj_copy=True),
+    "jamba": HfStyle(),
+    "falcon_h1": HfStyle(),
+    "nemotron_h": HfStyle(norm=NormStyle.RMS_FP32_WEIGHT, router_fp32=True, logits_fp32=True),
+    "granitemoehybrid": HfStyle(),
+}
+
+
+def hf_style(model_type: str) -> HfStyle:
+    """The style of a native family's ``model_type`` (every native family has one: a test checks it;
+    types described from transformers' code use traced recipes, never a look-alike's style)."""
+    return HF_STYLES[model_type]

@@ -1,0 +1,228 @@
+"""Simulated training steps: forward, loss, backward and optimizer step of the real model on fake tensors.
+
+The step is what HF Trainer (transformers + accelerate + PEFT) runs: the model computes
+its loss from ``labels`` (fp32-upcast cross-entropy), under autocast for mixed precision
+with the kept logits converted to fp32 (accelerate's ``convert_outputs_to_fp32``), then
+``loss.backward()``, ``optimizer.step()`` and ``zero_grad(set_to_none=True)``. Gradient
+accumulation runs ``grad_accum`` forward/backward micro-steps per optimizer step. Several
+steps run (the first creates the optimizer state) and the report reads the last one.
+Several GPUs run as FSDP2 on a fake process group, rank 0 reported
+(:mod:`vramlens.simulator.distributed`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+from unittest import mock
+
+from vramlens._extras import require
+from vramlens.resolve.context import TrainingContext
+from vramlens.result.timeline import Timeline
+from vramlens.simulator.build import SimulationError, attention_note, build_model, torch_dtype
+from vramlens.simulator.distributed import (
+    ShardPlan,
+    check_sharding,
+    fake_process_group,
+    fsdp_categories,
+    gradient_sync,
+    shard_model,
+    shard_plan,
+)
+from vramlens.simulator.quant import quant_note
+from vramlens.workload.options import OptimizerImpl, OptimizerName, Recompute
+
+__all__ = ["TrainingRun", "simulate_training"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingRun:
+    """The events of a simulated run and where its last step begins."""
+
+    timeline: Timeline
+    last_step_start: int
+    """Index of the first event of the last (measured) optimizer step."""
+    notes: tuple[str, ...]
+
+
+def _adamw(torch: Any, params: list[Any], impl: OptimizerImpl) -> Any:
+    flags = {OptimizerImpl.FUSED: {"fused": True}, OptimizerImpl.FOREACH: {"foreach": True}}
+    return torch.optim.AdamW(params, lr=1e-4, **flags.get(impl, {"foreach": False}))
+
+
+def _sgd(torch: Any, params: list[Any], impl: OptimizerImpl) -> Any:
+    flags = {OptimizerImpl.FUSED: {"fused": True}, OptimizerImpl.FOREACH: {"foreach": True}}
+    return torch.optim.SGD(params, lr=1e-3, momentum=0.9, **flags.get(impl, {"foreach": False}))
+
+
+def _adafactor(torch: Any, params: list[Any], impl: OptimizerImpl) -> Any:
+    optimizer = torch.optim.Adafactor(params, lr=1e-2, foreach=impl is OptimizerImpl.FOREACH)
+    step = optimizer.step  # the class's step: the tracker's global optimizer hooks run inside it
+
+    def step_reading_values(*args: Any, **kwargs: Any) -> Any:
+        with _scalar_reads(torch):
+            return step(*args, **kwargs)
+
+    optimizer.step = step_reading_values
+    return optimizer
+
+
+@contextlib.contextmanager
+def _scalar_reads(torch: Any) -> Iterator[None]:
+    """Let ``.item()`` on a fake tensor read 1 inside the block.
+
+    torch's Adafactor reads its step count and each parameter's norm as Python numbers
+    (``step_t.item()``, ``param.norm(2).item()``) to compute its step size; fake tensors
+    have no values, so the read would stop the simulation. The value changes the update,
+    never which tensors are made, so memory is unaffected.
+    """
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    original = torch.Tensor.item
+
+    def item(tensor: Any) -> Any:
+        if isinstance(tensor, FakeTensor):
+            return 1.0 if tensor.is_floating_point() else 1
+        return original(tensor)
+
+    with mock.patch.object(torch.Tensor, "item", item):
+        yield
+
+
+#: Optimizers the simulator can run (torch's own implementations); a new one is an entry here.
+OPTIMIZERS: dict[OptimizerName, Callable[[Any, list[Any], OptimizerImpl], Any]] = {
+    OptimizerName.ADAMW: _adamw,
+    OptimizerName.SGD: _sgd,
+    OptimizerName.ADAFACTOR: _adafactor,
+}
+
+
+def check_training(ctx: TrainingContext) -> None:
+    """Refuse, with a message that names the key, what the simulator cannot run."""
+    workload = ctx.workload
+    parallel = workload.parallel
+    refusals = {
+        "parallel": (parallel.tp, parallel.pp, parallel.cp, parallel.ep) != (1, 1, 1, 1),
+        "quant": workload.quant.value not in ("none", "nf4", "nf4-dq"),
+        "compile": workload.compile,
+        "optimizer": workload.optimizer not in OPTIMIZERS,
+        "loss": ctx.loss.value != "full",
+        "recompute": workload.recompute in (Recompute.SELECTIVE, Recompute.OFFLOAD),
+        "framework": ctx.profile.name.value not in ("hf",),
+        "method": workload.method.value == "freeze",
+        "float8": workload.float8,
+    }
+    for key, refused in refusals.items():
+        if refused:
+            value = getattr(workload, key, None) if key != "parallel" else parallel
+            raise SimulationError(
+                f"{key}: the simulator runs transformers training (HF Trainer's step; several GPUs as FSDP2) and "
+                f"cannot run {_describe(key, value)}; use `vramlens estimate` for this workload"
+            )
+    check_sharding(ctx)
+
+
+def _describe(key: str, value: Any) -> str:
+    if key == "parallel":
+        return f"tp={value.tp} pp={value.pp} cp={value.cp} ep={value.ep}"
+    return f"{key}={value}"
+
+
+def simulate_training(ctx: TrainingContext, *, steps: int, fake_mode: Any, tracker: Any) -> TrainingRun:
+    """Run ``steps`` optimizer steps of the workload under ``tracker`` and return the events.
+    On several GPUs the model is sharded with FSDP2 over a fake process group that exists for
+    this call only, and the events are rank 0's (:mod:`vramlens.simulator.distributed`)."""
+    check_training(ctx)
+    plan = shard_plan(ctx)
+    with fake_process_group(plan):
+        return _simulate(ctx, plan, steps=steps, fake_mode=fake_mode, tracker=tracker)
+
+
+def _simulate(ctx: TrainingContext, plan: ShardPlan | None, *, steps: int, fake_mode: Any, tracker: Any) -> TrainingRun:
+    """The body of :func:`simulate_training` (inside the process group when ``plan`` is set)."""
+    torch = require("torch", purpose="vramlens simulate")
+    workload = ctx.workload
+    dtype = torch_dtype(workload.precision, ctx.frozen_bytes)
+    model = build_model(ctx.spec, workload, dtype=dtype, attention=ctx.attention, fake_mode=fake_mode)
+    model.train()
+    notes = _recompute(model, workload)
+    notes += [note for note in (attention_note(model), quant_note(model)) if note]
+    if plan is not None:
+        notes += shard_model(model, plan, fake_mode=fake_mode)
+    notes.append("the loop keeps the model outputs (logits) through backward (HF Trainer drops them first)")
+    params = [p for p in model.parameters() if p.requires_grad]
+    tracker.register_model(model)  # before the optimizer's hooks, so gradients are labelled first
+    step = _optimizer_step(torch, params, ctx)
+    labels = fsdp_categories(tracker) if plan is not None else contextlib.nullcontext()
+    with fake_mode, labels:
+        ids = torch.randint(0, ctx.spec.vocab_size, (workload.batch, workload.seq))
+        tracker.register(ids, "inputs")
+        amp = torch.autocast("cpu", dtype=torch_dtype(workload.precision, 2)) if ctx.autocast else None
+        start = 0
+        with tracker:
+            for _ in range(steps):
+                start = tracker.event_count
+                for index in range(workload.grad_accum):
+                    with gradient_sync(model, plan, last=index == workload.grad_accum - 1):
+                        _micro_step(model, ids, amp)
+                step()
+    return TrainingRun(timeline=tracker.timeline(), last_step_start=start, notes=tuple(notes))
+
+
+def _micro_step(model: Any, ids: Any, amp: Any) -> None:
+    """One forward and backward. The model's outputs (the logits) stay alive through
+    ``backward``, as in ``out = model(**batch); out.loss.backward()``: the hf profile's
+    ``keeps_logits``, which the estimator uses too (HF Trainer's ``compute_loss``, which
+    returns the loss alone, frees them first; see FrameworkProfile.keeps_logits)."""
+    with amp if amp is not None else contextlib.nullcontext():
+        out = model(input_ids=ids, labels=ids)
+    if amp is not None:
+        out["logits"] = out["logits"].float()  # accelerate's convert_outputs_to_fp32
+    out.loss.backward()
+    del out
+
+
+def _recompute(model: Any, workload: Any) -> list[str]:
+    if workload.recompute is not Recompute.FULL:
+        return []
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if hasattr(model, "enable_input_require_grads") and workload.method.value != "full":
+        model.enable_input_require_grads()
+    every = workload.recompute_every
+    if every == 1:
+        return ["recompute full: transformers gradient checkpointing (non-reentrant) on every decoder layer"]
+    layers = [
+        m
+        for name, m in model.named_modules()
+        if hasattr(m, "gradient_checkpointing")
+        and type(m).__name__.endswith("Layer")
+        and not any(part in name for part in ("vision", "visual"))  # a multimodal model's tower has its own
+    ]
+    for index, layer in enumerate(layers):
+        layer.gradient_checkpointing = index % every == 0
+    return [f"recompute full every {every}: checkpointing on decoder layers 0, {every}, {2 * every}, ..."]
+
+
+def _optimizer_step(torch: Any, params: list[Any], ctx: TrainingContext) -> Callable[[], None]:
+    factory = OPTIMIZERS[ctx.workload.optimizer]
+    if not ctx.workload.optimizer_in_backward:
+        optimizer = factory(torch, params, ctx.optimizer_impl)
+
+        def step() -> None:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        return step
+    # Optimizer in backward, the PyTorch way: one optimizer per parameter, stepped by a
+    # post-accumulate-grad hook, which then frees the gradient.
+    per_param = {p: factory(torch, [p], ctx.optimizer_impl) for p in params}
+
+    def hook(parameter: Any) -> None:
+        per_param[parameter].step()
+        per_param[parameter].zero_grad(set_to_none=True)
+
+    for parameter in params:
+        parameter.register_post_accumulate_grad_hook(hook)
+    return lambda: None

@@ -1,0 +1,76 @@
+"""What ``attention`` means under the hf framework (``estimate/hf_attention.py``).
+
+transformers 5.x resolves an unset ``attn_implementation`` to SDPA and falls back to eager
+for a class with ``_supports_sdpa = False`` (Gemma 2), raises for an explicit ``"sdpa"`` on
+it, and runs flash-attention 2 only when asked (``modeling_utils.get_correct_attn_implementation``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from vramlens.errors import InputError
+from vramlens.estimator import estimate
+from vramlens.model import load_model
+from vramlens.model.spec import ModelSpec
+from vramlens.resolve.attention import hf_attention_kernel
+from vramlens.workload.options import AttentionImpl as A
+
+
+def _family(model_type: str) -> ModelSpec:
+    """A bundled checkpoint of the family (the kernel rule reads the spec's family)."""
+    names = {
+        "gemma2": "gemma-2-2b",
+        "llama": "llama-3.2-1b",
+        "gpt2": "gpt2",
+        "gemma3_text": "gemma-3-1b-it",
+        "phi": "phi-2",
+    }
+    spec = load_model(names[model_type])
+    assert spec.model_type == model_type
+    return spec
+
+
+GEMMA2 = {"model": "gemma-2-2b", "seq": 2048, "batch": 1, "precision": "bf16"}
+
+
+def test_gemma2_auto_is_eager_with_a_note() -> None:
+    kernel, note = hf_attention_kernel(A.AUTO, A.SDPA, _family("gemma2"))
+    assert kernel is A.EAGER and "eager" in note
+
+
+@pytest.mark.parametrize(("requested", "kernel"), [(A.FLASH, A.FLASH), (A.EAGER, A.EAGER)])
+def test_gemma2_flash_and_eager_are_what_they_say(requested: A, kernel: A) -> None:
+    assert hf_attention_kernel(requested, requested, _family("gemma2"))[0] is kernel
+
+
+@pytest.mark.parametrize("requested", [A.SDPA, A.EFFICIENT])
+def test_gemma2_refuses_sdpa_as_transformers_does(requested: A) -> None:
+    with pytest.raises(InputError, match=r"^attention: .* refuses SDPA for gemma2"):
+        hf_attention_kernel(requested, requested, _family("gemma2"))
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gpt2", "gemma3_text", "phi"])
+@pytest.mark.parametrize("kernel", [A.SDPA, A.FLASH, A.EFFICIENT, A.EAGER])
+def test_families_with_sdpa_keep_the_requested_kernel(model_type: str, kernel: A) -> None:
+    assert hf_attention_kernel(A.AUTO, kernel, _family(model_type)) == (kernel, "")
+
+
+def test_gemma2_auto_estimates_eager_and_flash_is_smaller() -> None:
+    auto = estimate({**GEMMA2, "attention": "auto"})
+    assert auto.allocated_bytes == estimate({**GEMMA2, "attention": "eager"}).allocated_bytes
+    assert any("eager attention" in note for note in auto.assumptions)
+    assert estimate({**GEMMA2, "attention": "flash"}).allocated_bytes < auto.allocated_bytes
+
+
+def test_gemma2_inference_auto_is_eager() -> None:
+    infer = {**GEMMA2, "mode": "infer", "prompt": 2048, "generate": 16}
+    assert (
+        estimate({**infer, "attention": "auto"}).allocated_bytes
+        == estimate({**infer, "attention": "eager"}).allocated_bytes
+    )
+
+
+def test_other_frameworks_keep_their_own_kernel() -> None:
+    # torchtune's Gemma 2 is its own module code, not transformers': no transformers rule applies.
+    assert estimate({**GEMMA2, "framework": "torchtune", "attention": "sdpa"}).allocated_bytes > 0

@@ -1,0 +1,144 @@
+"""Reserved from the allocator model (``vramlens.estimator.reserved``) and the ``alloc_conf`` key.
+
+What is checked, and where the expected numbers come from:
+
+* the vocabulary part is the replay of the step pattern without decoder layers
+  (``step_pattern(layers=0)``) through ``vramlens.allocator``, less the layers' gradients
+  (which are allocated during backward and can take the stranded blocks);
+* the layers' part is ``LAYER_SLACK_FRACTION`` x each kind of churn (``layer_churn``), the fitted
+  table of ``benchmarks/allocator_fit.py``; its margin ``LAYER_SLACK_SPREAD`` x the churn;
+* expandable segments, which map pages into one growing range instead of stranding freed
+  segments, never raise the slack; ``alloc_conf`` errors are one line naming the key;
+* by hand: a 100 MiB tensor freed before a 120 MiB request strands its segment.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from vramlens.allocator import AllocatorSettings
+from vramlens.allocator.pattern import pattern_peaks
+from vramlens.errors import InputError
+from vramlens.estimator import estimate
+from vramlens.estimator.layout import param_layout
+from vramlens.estimator.loss_pattern import LossScript
+from vramlens.estimator.quantities import stage_memory
+from vramlens.estimator.reserved import (
+    KV_GROWTH_FRACTION,
+    LAYER_SLACK_FRACTION,
+    LAYER_SLACK_SPREAD,
+    allocator_settings,
+    generation_slack,
+    layer_churn,
+    replayed_slack,
+    training_loss_script,
+    training_slack,
+)
+from vramlens.estimator.step_pattern import step_pattern
+from vramlens.estimator.step_shape import step_shape
+from vramlens.model.resolve import load_model
+from vramlens.resolve.context import resolve_training
+from vramlens.workload.load import load_workload
+
+MiB = 1 << 20
+WORKLOADS = {
+    "full bf16": {"model": "qwen2.5-0.5b", "precision": "bf16", "batch": 1, "seq": 1024},
+    "lora mixed": {"model": "llama-3.2-1b", "method": "lora", "batch": 2, "seq": 2048},
+    "full fsdp": {"model": "llama-3.2-1b", "batch": 2, "seq": 2048, "parallel": {"gpus": 8, "shard": "fsdp"}},
+}
+
+
+def _parts(workload: dict[str, object]) -> tuple:
+    resolved = load_workload(workload)
+    spec = load_model(resolved.model)
+    ctx = resolve_training(spec, resolved)
+    layout = param_layout(ctx)
+    mem = stage_memory(ctx, layout.stages[0], layout.targets)
+    return ctx, mem, layout.targets
+
+
+@pytest.mark.parametrize("name", list(WORKLOADS))
+def test_slack_is_the_replayed_vocabulary_part_plus_the_fitted_layer_part(name: str) -> None:
+    ctx, mem, targets = _parts(WORKLOADS[name])
+    settings = AllocatorSettings()
+    slack = training_slack(ctx, mem, targets, settings)
+    shape = step_shape(ctx, mem, targets, layers=False)
+    replayed = replayed_slack(shape, training_loss_script(ctx, mem), layers=0, micro_steps=1, settings=settings)
+    # the decoder layers' gradients (full: weights; LoRA: adapters) reuse stranded vocabulary blocks
+    trained = sum(group.elements for group in mem.stage.trainable) - sum(shape.edge_trained)
+    gradients = trained * shape.grad_bytes // shape.grads_sharded
+    assert slack.vocabulary_bytes == max(0, replayed - gradients)
+    sharded = ctx.workload.parallel.shard.value == "fsdp"
+    churn = layer_churn(mem)
+    fractions = LAYER_SLACK_FRACTION[(False, sharded)]
+    assert slack.layers_bytes == int(sum(f * c for f, c in zip(fractions, churn, strict=True)))
+    assert slack.spread_bytes == int(LAYER_SLACK_SPREAD[(False, sharded)] * sum(churn))
+    report = estimate(WORKLOADS[name])
+    assert report.reserved_bytes == report.allocated_bytes + slack.total_bytes
+
+
+@pytest.mark.parametrize("name", list(WORKLOADS))
+def test_expandable_segments_never_raise_the_slack(name: str) -> None:
+    plain = estimate(WORKLOADS[name])
+    expandable = estimate({**WORKLOADS[name], "alloc_conf": "expandable_segments:True"})
+    assert expandable.allocated_bytes == plain.allocated_bytes
+    assert plain.allocated_bytes <= expandable.reserved_bytes <= plain.reserved_bytes
+    assert "expandable_segments:True" in " ".join(expandable.assumptions)
+
+
+def test_the_fitted_tables_cover_every_key_with_non_negative_fractions() -> None:
+    keys = {(expandable, sharded) for expandable in (False, True) for sharded in (False, True)}
+    assert set(LAYER_SLACK_FRACTION) == set(LAYER_SLACK_SPREAD) == keys
+    assert all(f >= 0 for fractions in LAYER_SLACK_FRACTION.values() for f in fractions)
+    for sharded in (False, True):  # expandable segments strand less at every kind of churn
+        plain, expandable = LAYER_SLACK_FRACTION[(False, sharded)], LAYER_SLACK_FRACTION[(True, sharded)]
+        assert all(e <= p for e, p in zip(expandable, plain, strict=True))
+    assert KV_GROWTH_FRACTION[True] < KV_GROWTH_FRACTION[False]
+
+
+def test_generation_slack_is_the_fitted_fraction_of_the_cache() -> None:
+    assert generation_slack(1000 * MiB, AllocatorSettings()) == int(KV_GROWTH_FRACTION[False] * 1000 * MiB)
+    report = estimate({"model": "llama-3.2-1b", "mode": "infer", "batch": 2, "prompt": 2048, "generate": 512})
+    kv = report.peak.breakdown.get(next(c for c in report.peak.breakdown if c.value == "kv_cache"), 0)
+    assert report.reserved_bytes - report.allocated_bytes == int(KV_GROWTH_FRACTION[False] * kv)
+
+
+def test_a_freed_block_too_small_for_the_next_request_by_hand() -> None:
+    # A step whose loss frees a 100 MiB tensor and then asks for 120 MiB: the 100 MiB segment is
+    # cached and cannot serve it, so it is slack: 100 MiB (segments of >= 10 MiB requests are
+    # their size rounded to 2 MiB; nothing else is alive).
+    ctx, mem, targets = _parts(WORKLOADS["full bf16"])
+    shape = step_shape(ctx, mem, targets)
+    empty = shape.__class__(**{**{f: getattr(shape, f) for f in shape.__slots__}, "edge_params": (), "edge_trained": (),
+                               "embedding_trained": False, "head_trained": False, "head_cast": 0, "non_layer": 0,
+                               "inputs": 0, "hidden": 0})  # fmt: skip
+    loss = LossScript(forward=(("+", "a", 100 * MiB), ("-", "a", 0), ("+", "b", 120 * MiB)), backward=(("-", "b", 0),))
+    peaks = pattern_peaks(step_pattern(empty, loss, layers=0))
+    # the cuBLAS workspace (32 MiB) is allocated first and stays
+    assert peaks.allocated_bytes == (32 + 120) * MiB
+    assert peaks.slack_bytes == 100 * MiB
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("max_split_size_mb:4", "alloc_conf: "),
+        ("expandable_segments:maybe", "alloc_conf: "),
+        ("no_such_key:1", "alloc_conf: "),
+        (7, "alloc_conf: must be a PYTORCH_CUDA_ALLOC_CONF string"),
+    ],
+)
+def test_alloc_conf_errors_are_one_line_naming_the_key(value: object, message: str) -> None:
+    with pytest.raises(InputError) as error:
+        load_workload({"model": "gpt2", "alloc_conf": value})
+    text = str(error.value)
+    assert text.startswith(message) and "\n" not in text
+
+
+def test_alloc_conf_is_kept_as_written_and_parsed_once() -> None:
+    workload = load_workload({"model": "gpt2", "alloc_conf": " expandable_segments:True,max_split_size_mb:512 "})
+    assert workload.alloc_conf == "expandable_segments:True,max_split_size_mb:512"
+    settings = allocator_settings(workload.alloc_conf)
+    assert settings.expandable_segments and settings.max_split_size_bytes == 512 * MiB
+    assert allocator_settings(workload.alloc_conf) is settings
+    assert load_workload({"model": "gpt2"}).alloc_conf == ""
