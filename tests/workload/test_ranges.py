@@ -109,8 +109,8 @@ def test_the_cli_help_states_the_ranges(capsys: pytest.CaptureFixture[str]) -> N
 
     assert main(["estimate", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
-    assert "micro-batch per data-parallel rank (from 1 to 1,048,576)" in text
-    assert "LoRA dropout (>= 0 and < 1)" in text
+    assert "concurrent sequences (inference) (from 1 to 1,048,576)" in text
+    assert "and a dropped copy) (>= 0 and < 1)" in text
 
 
 def test_a_range_describes_itself() -> None:

@@ -1,21 +1,20 @@
 """``docs/workload.md``, generated from the workload contract as the code declares it.
 
-Every key with its default (the dataclass fields of :class:`~vramlens.workload.spec.Workload`,
-:class:`~vramlens.workload.spec.LoraConfig` and :class:`~vramlens.workload.spec.Parallelism`), its
-accepted values (the enums of :mod:`vramlens.workload.options`) and its description (the field's
-docstring where it has one, else the CLI flag's help), so the page cannot drift from the code.
+Every key of the declaration (:data:`vramlens.workload.keys.KEYS`: accepted values, unit,
+description, flag, since) with its default (the dataclass fields of
+:class:`~vramlens.workload.spec.Workload`, :class:`~vramlens.workload.spec.LoraConfig` and
+:class:`~vramlens.workload.spec.Parallelism`), so the page cannot drift from the code; the CLI's
+``--help`` shows the same declared line for each flag.
 ``python -m vramlens.cli.contract_doc > docs/workload.md`` rewrites it; a test checks it is current.
 """
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import inspect
-import itertools
 from enum import Enum
 from typing import Any
 
+from vramlens.workload.keys import Key, Kind, keys_of
 from vramlens.workload.spec import LoraConfig, Parallelism, Workload
 
 __all__ = ["contract_markdown"]
@@ -34,24 +33,6 @@ TRL / `TrainingArguments` command line, `vllm serve`) is read into these keys wi
 
 This page is generated from the code (`python -m vramlens.cli.contract_doc > docs/workload.md`).
 """
-
-
-def _docstrings(cls: type) -> dict[str, str]:
-    """Each field's docstring (the string literal right after its annotation in the class body)."""
-    tree = ast.parse(inspect.getsource(cls))
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    docs: dict[str, str] = {}
-    for node, following in itertools.pairwise(body):
-        named = isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-        if named and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant):
-            docs[node.target.id] = " ".join(str(following.value.value).split())
-    return docs
-
-
-def _flag_help() -> dict[str, str]:
-    from vramlens.cli.estimate import FLAGS, SWITCHES
-
-    return {path: text for path, text in {**FLAGS, **SWITCHES}.values()}
 
 
 def _default(field: dataclasses.Field[Any]) -> str:
@@ -76,18 +57,6 @@ def _default(field: dataclasses.Field[Any]) -> str:
     return f"`{value}`"
 
 
-def _accepted(field: dataclasses.Field[Any]) -> str:
-    """The values of the field's enum (its annotation names one of :mod:`vramlens.workload.options`)."""
-    from vramlens.workload import options
-
-    if field.name in _ACCEPTED:
-        return _ACCEPTED[field.name]()
-    enum = getattr(options, str(field.type).split("|")[0].strip(), None)
-    if isinstance(enum, type) and issubclass(enum, Enum):
-        return " \\| ".join(f"`{member.value}`" for member in enum)
-    return ""
-
-
 def _versions_accepted() -> str:
     from vramlens.workload.versions import PACKAGES
 
@@ -102,51 +71,40 @@ def _alloc_conf_accepted() -> str:
 
 
 #: The accepted values of keys that are not an enum, from the code that checks them.
-_ACCEPTED = {"versions": _versions_accepted, "alloc_conf": _alloc_conf_accepted}
-
-#: What a key whose values are an enum means (the values themselves come from the enum).
-_MEANING = {
-    "mode": "training or inference",
-    "framework": "the stack whose defaults `auto` settings take (`auto`: hf for training)",
-    "method": "what is trained",
-    "precision": "dtypes of weights, gradients and states (mixed: fp32 master weights + bf16/fp16 compute)",
-    "quant": "frozen base weights (QLoRA) or inference weights",
-    "optimizer": "the optimizer",
-    "optimizer_impl": "its step's implementation (`auto`: the framework's own)",
-    "recompute": "activation checkpointing",
-    "attention": "the attention kernel (`auto`: the framework's)",
-    "loss": "the loss path (`auto`: the framework's)",
-    "kv_dtype": "inference: KV cache dtype (`auto`: the compute dtype)",
-    "engine": "inference: transformers generate or vLLM",
-    "parallel.pp_schedule": "pipeline schedule",
-}
+_ACCEPTED = {Kind.VERSIONS: _versions_accepted, Kind.ALLOC_CONF: _alloc_conf_accepted}
+_OWNERS: dict[str, type] = {"": Workload, "lora": LoraConfig, "parallel": Parallelism}
 
 
-def _rows(owner: type, prefix: str, flags: dict[str, str]) -> list[str]:
-    docs = _docstrings(owner)
-    rows = []
-    for field in dataclasses.fields(owner):
-        if field.name in ("lora", "parallel"):
-            continue
-        key = f"{prefix}{field.name}"
-        text = docs.get(field.name) or flags.get(key, "")
-        accepted = _accepted(field)
-        if accepted and " | " in text:  # a flag's help that only lists the values
-            text = _MEANING.get(key, "")
-        text = text.replace("``", "`").replace(":class:", "").replace(":mod:", "").replace(":data:", "")
-        rows.append(f"| `{key}` | {_default(field)} | {accepted} | {text.replace('|', '/')} |")
-    return rows
+def _accepted(key: Key) -> str:
+    if key.kind in _ACCEPTED:
+        return _ACCEPTED[key.kind]()
+    values = key.accepted()
+    if " | " in values:
+        values = " \\| ".join(f"`{value}`" for value in values.split(" | "))
+    return values + (", or `null`" if key.nullable and values else "")
+
+
+def key_row(key: Key) -> str:
+    """One key's row: name, default (the dataclass field's), accepted values, unit, description
+    (the declared line that ``--help`` shows too) and since when it exists."""
+    field = next(f for f in dataclasses.fields(_OWNERS[key.block]) if f.name == key.name)
+    flag = f"`--{key.flag_name}`" if key.flag_name else "argument"
+    if key.kind is Kind.SWITCH:
+        flag = f"`--{key.flag_name}/--no-{key.flag_name}`"
+    what = key.help.replace("|", "/")
+    return f"| `{key.path}` | {_default(field)} | {_accepted(key)} | {key.unit} | {what} | {flag} | {key.since} |"
+
+
+def _table(block: str) -> list[str]:
+    head = ["| key | default | accepted | unit | what it is | CLI | since |", "|---|---|---|---|---|---|---|"]
+    return head + [key_row(key) for key in keys_of(block)]
 
 
 def contract_markdown() -> str:
     """The contract page as Markdown."""
-    flags = _flag_help()
-    lines = [_HEAD, "| key | default | accepted | what it is |", "|---|---|---|---|"]
-    lines += _rows(Workload, "", flags)
-    lines += ["", "## `lora:`", "", "| key | default | accepted | what it is |", "|---|---|---|---|"]
-    lines += _rows(LoraConfig, "lora.", flags)
-    lines += ["", "## `parallel:`", "", "| key | default | accepted | what it is |", "|---|---|---|---|"]
-    lines += _rows(Parallelism, "parallel.", flags)
+    lines = [_HEAD, *_table("")]
+    lines += ["", "## `lora:`", "", *_table("lora")]
+    lines += ["", "## `parallel:`", "", *_table("parallel")]
     lines += [
         "",
         "## The report",

@@ -17,64 +17,24 @@ from vramlens.cli._from import WorkloadInputs, from_options, read_source, with_s
 from vramlens.cli._output import dumps, echo
 from vramlens.cli._pictures import check_pictures, picture_options, write_pictures
 from vramlens.errors import InputError
+from vramlens.workload.keys import KEYS, Key, Kind
 
 __all__ = ["FLAGS", "estimate_command", "with_workload_options", "workload_arguments", "workload_inputs"]
 
-#: flag name -> (workload path, help). Paths with a dot go into the ``lora`` / ``parallel`` blocks.
+
+def _flag_help(key: Key) -> str:
+    """A workload flag's ``--help``: the key's declared line, then an enum's values."""
+    return f"{key.help}: {key.accepted()}" if key.values is not None else key.help
+
+
+#: flag name -> (workload path, help), generated from the declaration of every workload key
+#: (:data:`vramlens.workload.keys.KEYS`). Paths with a dot go into the ``lora`` / ``parallel`` blocks.
 FLAGS: dict[str, tuple[str, str]] = {
-    "mode": ("mode", "train | infer"),
-    "gpu": ("gpu", "GPU name (h100-80gb, a100-80gb, rtx-4090, ...) or a size such as 24GiB"),
-    "framework": (
-        "framework",
-        "auto | hf | plain | torchtitan | torchtune | litgpt | megatron | deepspeed | vllm (auto: hf)",
-    ),
-    "method": ("method", "full | lora | qlora | freeze"),
-    "precision": ("precision", "fp32 | bf16 | fp16 | mixed-bf16 | mixed-fp16"),
-    "quant": ("quant", "none | int8 | nf4 | nf4-dq | gptq-int4 | gptq-int8 | awq-int4 | fp8"),
-    "optimizer": ("optimizer", "adamw | adamw-8bit | paged-adamw | paged-adamw-8bit | adafactor | sgd | lion"),
-    "optimizer-impl": ("optimizer_impl", "auto | per-tensor | foreach | fused (auto: the framework's own)"),
-    "batch": ("batch", "micro-batch per data-parallel rank"),
-    "seq": ("seq", "tokens per sample (e.g. 4096 or 8k)"),
-    "grad-accum": ("grad_accum", "gradient accumulation steps"),
-    "recompute": ("recompute", "none | selective | full | offload"),
-    "recompute-every": ("recompute_every", "with full recompute: checkpoint every k-th layer"),
-    "attention": ("attention", "auto | flash | efficient | sdpa | eager"),
-    "loss": ("loss", "auto | full | chunked | fused-linear"),
-    "moe-capacity-factor": ("moe_capacity_factor", "MoE expert capacity factor (e.g. 1.25); default dropless"),
-    "fsdp-wrap": ("fsdp_wrap", "auto | root (FSDP1) | split (FSDP2 as accelerate and torchtitan wrap it)"),
-    "prompt": ("prompt", "inference: prompt tokens"),
-    "generate": ("generate", "inference: generated tokens"),
-    "context": ("context", "inference: prompt + generated tokens"),
-    "kv-dtype": ("kv_dtype", "inference: auto | bf16 | fp16 | fp8"),
-    "engine": ("engine", "inference: hf | vllm"),
-    "gpu-memory-utilization": ("gpu_memory_utilization", "inference (vllm): fraction of the GPU to use"),
-    "max-num-seqs": ("max_num_seqs", "inference (vllm): concurrent sequences"),
-    "block-size": ("block_size", "inference (vllm): KV block size in tokens"),
-    "max-num-batched-tokens": ("max_num_batched_tokens", "inference: tokens per forward step (vllm default 8192)"),
-    "alloc-conf": ("alloc_conf", "PYTORCH_CUDA_ALLOC_CONF of the run, e.g. expandable_segments:True"),
-    "versions": ("versions", "library versions of the run, e.g. transformers=4.35,vllm=0.6"),
-    "lora-rank": ("lora.rank", "LoRA rank r"),
-    "lora-alpha": ("lora.alpha", "LoRA alpha"),
-    "lora-dropout": ("lora.dropout", "LoRA dropout"),
-    "lora-targets": ("lora.targets", "all-linear, or comma-separated module names (q_proj,v_proj,lm_head)"),
-    "modules-to-save": ("lora.modules_to_save", "comma-separated modules trained in full (embed_tokens,lm_head)"),
-    "gpus": ("parallel.gpus", "total GPUs"),
-    "shard": ("parallel.shard", "none | ddp | zero1 | zero2 | zero3 | fsdp | hsdp"),
-    "shard-degree": ("parallel.shard_degree", "ranks per shard group (hsdp)"),
-    "tp": ("parallel.tp", "tensor-parallel degree"),
-    "pp": ("parallel.pp", "pipeline stages"),
-    "pp-schedule": ("parallel.pp_schedule", "1f1b | gpipe | interleaved-1f1b"),
-    "cp": ("parallel.cp", "context-parallel degree"),
-    "ep": ("parallel.ep", "expert-parallel degree"),
-    "offload": ("parallel.offload", "none | optimizer | optimizer+params"),
+    key.flag_name: (key.path, _flag_help(key)) for key in KEYS if key.flag_name and key.kind is not Kind.SWITCH
 }
 #: Boolean workload keys (``--compile/--no-compile``).
 SWITCHES: dict[str, tuple[str, str]] = {
-    "float8": ("float8", "float8 matmuls (torchao)"),
-    "optimizer-in-backward": ("optimizer_in_backward", "step and free each gradient during backward"),
-    "packing": ("packing", "sequences packed into full-length samples"),
-    "compile": ("compile", "torch.compile (fused norms and pointwise ops)"),
-    "allow-long-context": ("allow_long_context", "allow seq beyond the model's max_position_embeddings"),
+    key.flag_name: (key.path, key.help) for key in KEYS if key.flag_name and key.kind is Kind.SWITCH
 }
 
 

@@ -1,7 +1,7 @@
 """JSON schemas of the API's request bodies, for the OpenAPI document (``/openapi.json``).
 
-The workload schema describes the contract of ``WORKLOAD.md`` (its keys, and the accepted
-values of each enum key, taken from :mod:`vramlens.workload.options`). It documents; it does
+The workload schema describes the contract of ``WORKLOAD.md``: generated from the declaration
+of every key (:data:`vramlens.workload.keys.KEYS`: kind, range, enum values, description). It documents; it does
 not validate: bodies are validated by :func:`vramlens.workload.load_workload`, so a bad value
 gets the same one-line message as on the command line (400 ``{"error": ...}``), never a
 schema-validator's report. Token counts also accept strings such as ``"8k"``, and every enum
@@ -14,25 +14,8 @@ from enum import Enum
 from typing import Any, Final
 
 from vramlens.workload._strings import MAX_ALLOC_CONF_CHARS, MAX_VERSION_CHARS
+from vramlens.workload.keys import Key, Kind, keys_of
 from vramlens.workload.load import LORA_KEYS, PARALLEL_KEYS, TOP_KEYS
-from vramlens.workload.options import (
-    AttentionImpl,
-    Engine,
-    Framework,
-    FsdpWrap,
-    KvDtype,
-    LossImpl,
-    Method,
-    Mode,
-    Offload,
-    OptimizerImpl,
-    OptimizerName,
-    PipelineSchedule,
-    Precision,
-    Quant,
-    Recompute,
-    Shard,
-)
 from vramlens.workload.ranges import RANGES
 from vramlens.workload.versions import CURRENT, PACKAGES
 
@@ -72,72 +55,49 @@ def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
     return {"anyOf": [schema, {"type": "null"}]}
 
 
-_TOP: Final[dict[str, dict[str, Any]]] = {
-    "model": {"type": "string", "description": "a catalog name (GET /api/models) or an upload:... from /api/config"},
-    "mode": _enum(Mode),
-    "gpu": _nullable({"type": "string", "description": "GET /api/gpus, or a size such as '24GiB'"}),
-    "framework": _enum(Framework),
-    "method": _enum(Method),
-    "precision": _enum(Precision),
-    "quant": _enum(Quant),
-    "float8": _FLAG,
-    "optimizer": _enum(OptimizerName),
-    "optimizer_impl": _enum(OptimizerImpl),
-    "optimizer_in_backward": _FLAG,
-    "batch": _int("batch"),
-    "seq": _tokens("seq"),
-    "grad_accum": _int("grad_accum"),
-    "packing": _FLAG,
-    "recompute": _enum(Recompute),
-    "recompute_every": _int("recompute_every"),
-    "attention": _enum(AttentionImpl),
-    "loss": _enum(LossImpl),
-    "compile": _FLAG,
-    "moe_capacity_factor": _nullable(_number("moe_capacity_factor")),
-    "fsdp_wrap": _enum(FsdpWrap),
-    "prompt": _tokens("prompt"),
-    "generate": _tokens("generate"),
-    "context": _nullable(_tokens("context")),
-    "kv_dtype": _enum(KvDtype),
-    "engine": _enum(Engine),
-    "gpu_memory_utilization": _number("gpu_memory_utilization"),
-    "max_num_seqs": _int("max_num_seqs"),
-    "block_size": _int("block_size"),
-    "max_num_batched_tokens": _nullable(_tokens("max_num_batched_tokens")),
-    "allow_long_context": _FLAG,
-    "alloc_conf": {
-        "type": "string",
-        "maxLength": MAX_ALLOC_CONF_CHARS,
-        "description": "PYTORCH_CUDA_ALLOC_CONF, e.g. 'expandable_segments:True'",
-    },
-    "versions": {
+def _versions() -> dict[str, Any]:
+    return {
         "type": "object",
         "properties": {
             package: {"type": "string", "maxLength": MAX_VERSION_CHARS, "examples": [CURRENT[package]]}
             for package in PACKAGES
         },
         "additionalProperties": False,
-        "description": "library versions of the run, e.g. {'transformers': '4.35', 'vllm': '0.6'}",
-    },
-}
-_LORA: Final[dict[str, dict[str, Any]]] = {
-    "rank": _int("lora.rank"),
-    "alpha": _number("lora.alpha"),
-    "dropout": _number("lora.dropout"),
-    "targets": {"anyOf": [{"type": "string", "enum": ["all-linear"]}, {"type": "array", "items": {"type": "string"}}]},
-    "modules_to_save": {"type": "array", "items": {"type": "string"}},
-}
-_PARALLEL: Final[dict[str, dict[str, Any]]] = {
-    "gpus": _int("parallel.gpus"),
-    "shard": _enum(Shard),
-    "shard_degree": _nullable(_int("parallel.shard_degree")),
-    "tp": _int("parallel.tp"),
-    "pp": _int("parallel.pp"),
-    "pp_schedule": _enum(PipelineSchedule),
-    "cp": _int("parallel.cp"),
-    "ep": _int("parallel.ep"),
-    "offload": _enum(Offload),
-}
+    }
+
+
+def _shape(key: Key) -> dict[str, Any]:
+    """The JSON schema of one declared key's values (before ``null`` and the description)."""
+    if key.values is not None:
+        return _enum(key.values)
+    kinds: dict[Kind, Any] = {
+        Kind.INT: lambda: _int(key.path),
+        Kind.TOKENS: lambda: _tokens(key.path),
+        Kind.REAL: lambda: _number(key.path),
+        Kind.SWITCH: lambda: dict(_FLAG),
+        Kind.TEXT: lambda: {"type": "string"},
+        Kind.MODEL: lambda: {"type": "string", "examples": ["llama-3.1-8b", "upload:..."]},
+        Kind.GPU: lambda: {"type": "string", "examples": ["h100-80gb", "24GiB"]},
+        Kind.NAMES: lambda: {"type": "array", "items": {"type": "string"}},
+        Kind.TARGETS: lambda: {
+            "anyOf": [{"type": "string", "enum": ["all-linear"]}, {"type": "array", "items": {"type": "string"}}]
+        },
+        Kind.ALLOC_CONF: lambda: {"type": "string", "maxLength": MAX_ALLOC_CONF_CHARS},
+        Kind.VERSIONS: _versions,
+    }
+    schema: dict[str, Any] = kinds[key.kind]()
+    return schema
+
+
+def _property(key: Key) -> dict[str, Any]:
+    """A key's schema with its declared one-line description (and ``null`` where accepted)."""
+    schema = _nullable(_shape(key)) if key.nullable else _shape(key)
+    return {**schema, "description": key.help}
+
+
+_TOP: Final = {key.name: _property(key) for key in keys_of("")}
+_LORA: Final = {key.name: _property(key) for key in keys_of("lora")}
+_PARALLEL: Final = {key.name: _property(key) for key in keys_of("parallel")}
 
 
 def _block(properties: dict[str, dict[str, Any]], keys: Any, title: str) -> dict[str, Any]:

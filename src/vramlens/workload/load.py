@@ -22,24 +22,7 @@ from vramlens._files import LIMITS, read_regular
 from vramlens._untrusted import abridge, brief, load_json, load_yaml
 from vramlens.errors import InputError
 from vramlens.workload._strings import alloc_conf, text, versions
-from vramlens.workload.options import (
-    AttentionImpl,
-    Engine,
-    Framework,
-    FsdpWrap,
-    KvDtype,
-    LossImpl,
-    Method,
-    Mode,
-    Offload,
-    OptimizerImpl,
-    OptimizerName,
-    PipelineSchedule,
-    Precision,
-    Quant,
-    Recompute,
-    Shard,
-)
+from vramlens.workload.keys import Key, Kind, keys_of
 from vramlens.workload.ranges import RANGES, check_range
 from vramlens.workload.spec import ALL_LINEAR, LoraConfig, Parallelism, Workload
 
@@ -160,60 +143,33 @@ def _model(key: str, value: Any) -> Any:
     return value if isinstance(value, ModelSpec) else text(key, value)
 
 
-LORA_KEYS: Final[dict[str, Converter]] = {
-    "rank": _integer("lora.rank"),
-    "alpha": _real("lora.alpha"),
-    "dropout": _real("lora.dropout"),
-    "targets": _targets,
-    "modules_to_save": _names,
-}
-PARALLEL_KEYS: Final[dict[str, Converter]] = {
-    "gpus": _integer("parallel.gpus"),
-    "shard": _enum(Shard),
-    "shard_degree": _optional(_integer("parallel.shard_degree")),
-    "tp": _integer("parallel.tp"),
-    "pp": _integer("parallel.pp"),
-    "pp_schedule": _enum(PipelineSchedule),
-    "cp": _integer("parallel.cp"),
-    "ep": _integer("parallel.ep"),
-    "offload": _enum(Offload),
-}
-TOP_KEYS: Final[dict[str, Converter]] = {
-    "model": _model,
-    "mode": _enum(Mode),
-    "gpu": _optional(_gpu),
-    "framework": _enum(Framework),
-    "method": _enum(Method),
-    "precision": _enum(Precision),
-    "quant": _enum(Quant),
-    "float8": _flag,
-    "optimizer": _enum(OptimizerName),
-    "optimizer_impl": _enum(OptimizerImpl),
-    "optimizer_in_backward": _flag,
-    "batch": _integer("batch"),
-    "seq": _integer("seq", tokens=True),
-    "grad_accum": _integer("grad_accum"),
-    "packing": _flag,
-    "recompute": _enum(Recompute),
-    "recompute_every": _integer("recompute_every"),
-    "attention": _enum(AttentionImpl),
-    "loss": _enum(LossImpl),
-    "compile": _flag,
-    "moe_capacity_factor": _optional(_real("moe_capacity_factor")),
-    "fsdp_wrap": _enum(FsdpWrap),
-    "prompt": _integer("prompt", tokens=True),
-    "generate": _integer("generate", tokens=True),
-    "context": _optional(_integer("context", tokens=True)),
-    "kv_dtype": _enum(KvDtype),
-    "engine": _enum(Engine),
-    "gpu_memory_utilization": _real("gpu_memory_utilization"),
-    "max_num_seqs": _integer("max_num_seqs"),
-    "block_size": _integer("block_size"),
-    "max_num_batched_tokens": _optional(_integer("max_num_batched_tokens", tokens=True)),
-    "allow_long_context": _flag,
-    "alloc_conf": alloc_conf,
-    "versions": versions,
-}
+def _converter(key: Key) -> Converter:
+    """The converter of one declared key (:data:`vramlens.workload.keys.KEYS`): its kind decides."""
+    simple: dict[Kind, Converter] = {
+        Kind.TEXT: text,
+        Kind.MODEL: _model,
+        Kind.GPU: _gpu,
+        Kind.SWITCH: _flag,
+        Kind.NAMES: _names,
+        Kind.TARGETS: _targets,
+        Kind.ALLOC_CONF: alloc_conf,
+        Kind.VERSIONS: versions,
+    }
+    if key.values is not None:
+        convert = _enum(key.values)
+    elif key.kind in (Kind.INT, Kind.TOKENS):
+        convert = _integer(key.path, tokens=key.kind is Kind.TOKENS)
+    elif key.kind is Kind.REAL:
+        convert = _real(key.path)
+    else:
+        convert = simple[key.kind]
+    return _optional(convert) if key.nullable else convert
+
+
+#: Key name -> converter, per block, generated from the declaration of every key.
+TOP_KEYS: Final[dict[str, Converter]] = {key.name: _converter(key) for key in keys_of("")}
+LORA_KEYS: Final[dict[str, Converter]] = {key.name: _converter(key) for key in keys_of("lora")}
+PARALLEL_KEYS: Final[dict[str, Converter]] = {key.name: _converter(key) for key in keys_of("parallel")}
 _NESTED: Final = {"lora": LORA_KEYS, "parallel": PARALLEL_KEYS}
 
 

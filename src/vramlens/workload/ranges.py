@@ -12,74 +12,19 @@ most :data:`MAX_BATCH_TOKENS` (2**32): each key alone may be large, not both at 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Final
 
 from vramlens._untrusted import brief
 from vramlens.errors import InputError
+from vramlens.workload._range import NumberRange, number_text
+from vramlens.workload.keys import KEYS
 
 __all__ = ["MAX_BATCH_TOKENS", "RANGES", "NumberRange", "check_range", "ranges_markdown"]
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class NumberRange:
-    """The values a numeric key accepts: ``low <= value <= high`` (``low < value`` when
-    ``low_open``; ``value < high`` when ``high_open``)."""
-
-    low: float
-    high: float
-    low_open: bool = False
-    high_open: bool = False
-    why: str = ""
-    """Why the bound is where it is (for ``docs/limits.md``)."""
-
-    def holds(self, value: float) -> bool:
-        """Whether ``value`` is finite and within the range."""
-        if not math.isfinite(value):
-            return False
-        above = value > self.low if self.low_open else value >= self.low
-        below = value < self.high if self.high_open else value <= self.high
-        return above and below
-
-    def describe(self) -> str:
-        """The range in words: ``from 1 to 1,048,576``, ``> 0 and <= 1000000``."""
-        if not self.low_open and not self.high_open:
-            return f"from {_number(self.low)} to {_number(self.high)}"
-        low = f"{'>' if self.low_open else '>='} {_number(self.low)}"
-        high = f"{'<' if self.high_open else '<='} {_number(self.high)}"
-        return f"{low} and {high}"
-
-
-def _number(value: float) -> str:
-    return f"{int(value):,}" if float(value).is_integer() and abs(value) >= 1 else f"{value:g}"
-
-
-_TOKENS_WHY = "2**24 tokens; the longest contexts of released models are 10M tokens"
-_DEGREE_WHY = "2**16; at most the GPUs of one job"
-#: Workload key (``lora.rank`` for nested keys) -> its range (module docstring).
-RANGES: Final[dict[str, NumberRange]] = {
-    "batch": NumberRange(low=1, high=2**20, why="2**20 sequences per rank; real micro-batches are 1 to a few thousand"),
-    "seq": NumberRange(low=1, high=2**24, why=_TOKENS_WHY),
-    "grad_accum": NumberRange(low=1, high=2**20, why="2**20 micro-batches per optimizer step"),
-    "recompute_every": NumberRange(low=1, high=4096, why="no model has 4,096 layers"),
-    "prompt": NumberRange(low=1, high=2**24, why=_TOKENS_WHY),
-    "generate": NumberRange(low=0, high=2**24, why=_TOKENS_WHY),
-    "context": NumberRange(low=1, high=2**24, why=_TOKENS_WHY),
-    "max_num_batched_tokens": NumberRange(low=1, high=2**24, why=_TOKENS_WHY),
-    "max_num_seqs": NumberRange(low=1, high=2**20, why="vLLM's default is 256 (1,024 on large GPUs)"),
-    "block_size": NumberRange(low=1, high=2**16, why="vLLM uses 8 to 256 tokens per block"),
-    "gpu_memory_utilization": NumberRange(low=0.01, high=1.0, why="a fraction of the GPU; below 1% nothing fits"),
-    "moe_capacity_factor": NumberRange(low=1.0, high=1024.0, why="GShard and Switch use 1 to 2"),
-    "lora.rank": NumberRange(low=1, high=2**16, why="no hidden size reaches 65,536"),
-    "lora.alpha": NumberRange(low=0, high=1e6, low_open=True, why="a scale (alpha / rank); typical 8 to 256"),
-    "lora.dropout": NumberRange(low=0, high=1, high_open=True, why="a probability"),
-    "parallel.gpus": NumberRange(low=1, high=2**20, why="2**20 GPUs; the largest clusters have ~10**5"),
-    "parallel.tp": NumberRange(low=1, high=2**16, why=_DEGREE_WHY),
-    "parallel.pp": NumberRange(low=1, high=2**16, why=_DEGREE_WHY),
-    "parallel.cp": NumberRange(low=1, high=2**16, why=_DEGREE_WHY),
-    "parallel.ep": NumberRange(low=1, high=2**16, why=_DEGREE_WHY),
-    "parallel.shard_degree": NumberRange(low=1, high=2**20, why="at most the GPUs"),
-}
+#: Workload key (``lora.rank`` for nested keys) -> its range: generated from the declaration
+#: of every key (:data:`vramlens.workload.keys.KEYS`).
+RANGES: Final[dict[str, NumberRange]] = {key.path: key.range for key in KEYS if key.range is not None}
 #: Most tokens in one micro-batch (``batch x seq``; inference ``batch x context``): 2**32.
 MAX_BATCH_TOKENS: Final = 2**32
 
@@ -100,10 +45,10 @@ def check_range(
     low = value <= bounds.low if bounds.low_open else value < bounds.low
     if low:
         raise InputError(
-            f"{key}: must be {kind} {'>' if bounds.low_open else '>='} {_number(bounds.low)}, got {brief(value)}"
+            f"{key}: must be {kind} {'>' if bounds.low_open else '>='} {number_text(bounds.low)}, got {brief(value)}"
         )
     raise InputError(
-        f"{key}: must be {kind} {'<' if bounds.high_open else '<='} {_number(bounds.high)} "
+        f"{key}: must be {kind} {'<' if bounds.high_open else '<='} {number_text(bounds.high)} "
         f"(accepted: {bounds.describe()}; larger is no real run), got {brief(value)}"
     )
 
