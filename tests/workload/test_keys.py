@@ -37,7 +37,7 @@ def test_the_loader_ranges_and_flags_are_generated_from_it() -> None:
     assert (list(TOP_KEYS), list(LORA_KEYS), list(PARALLEL_KEYS)) == tuple(
         [key.name for key in keys_of(block)] for block in ("", "lora", "parallel")
     )
-    assert RANGES == {key.path: key.range for key in KEYS if key.range is not None}
+    assert {key.path: key.range for key in KEYS if key.range is not None} == RANGES
     flagged = {key.flag_name: key.path for key in KEYS if key.flag_name}
     assert {flag: path for flag, (path, _) in {**FLAGS, **SWITCHES}.items()} == flagged
     assert "model" not in {path for path, _ in FLAGS.values()}
