@@ -139,10 +139,10 @@ def _saved(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str]) -> t
     divisor = {HEADS: tp, SEQUENCE: tp, GATHERED: 1}
     parts = [int(p.bytes_per_token / divisor[p.split] * ctx.tokens) for p in acts.full_layer_parts]
     parts = [p for p in parts if p]
-    per_layer = mem.activations // max(stage.layers, 1)
+    per_layer = mem.activations_bytes // max(stage.layers, 1)
     if per_layer and abs(sum(parts) - per_layer) <= 0.02 * per_layer:
         return parts, []
-    recomputed = parts if mem.recompute else []
+    recomputed = parts if mem.recompute_bytes else []
     return ([per_layer] if per_layer else []), recomputed
 
 
@@ -205,12 +205,12 @@ def step_shape(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str], 
         casts=tuple(w * a for w in layer_trained[0] if w > spec.hidden_size) if full_cast and layers else (),
         casts_kept=ctx.workload.recompute is Recompute.NONE,
         head_cast=table * a if full_cast and stage.last else 0,
-        forward_working=mem.forward_working,
-        working=mem.working,
+        forward_working=mem.forward_working_bytes,
+        working=mem.working_bytes,
         hidden=ctx.tokens * spec.hidden_size * a,
-        non_layer=mem.non_layer,
-        inputs=mem.inputs,
-        dequant=mem.dequant,
+        non_layer=mem.non_layer_bytes,
+        inputs=mem.inputs_bytes,
+        dequant=mem.dequant_bytes,
         gather_edges=gather_edges,
         gather_layer=gather_layer,
         gather_layer_grads=gather_grads,

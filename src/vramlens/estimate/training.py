@@ -24,14 +24,20 @@ from vramlens.categories import Category
 from vramlens.estimate.context import TrainingContext, resolve_training
 from vramlens.estimate.layout import param_layout
 from vramlens.estimate.margins import runtime_spread, safe_levels
-from vramlens.estimate.quantities import StageMemory, stage_memory
-from vramlens.estimate.reserved import TrainingSlack, allocator_settings, training_slack
-from vramlens.estimate.runtime import CUBLAS_WORKSPACE_BYTES, communicators, runtime_parts
+from vramlens.estimate.quantities import Formula, StageMemory, Summed, stage_memory
+from vramlens.estimate.reserved import TrainingSlack, allocator_settings, layer_churn, training_slack
+from vramlens.estimate.runtime import (
+    CUBLAS_WORKSPACE_BYTES,
+    RUNTIME_CONSTANTS,
+    communicators,
+    runtime_parts,
+    runtime_terms,
+)
 from vramlens.estimate.versions import older_than, rule_note
 from vramlens.estimate.vision import vision_notes
 from vramlens.hardware import GpuSpec
 from vramlens.model.spec import ModelSpec
-from vramlens.report.model import MemoryReport, PhaseMemory, SafeLevels
+from vramlens.report.model import MemoryReport, PhaseMemory, SafeLevels, Term
 from vramlens.units import format_bytes
 from vramlens.workload.options import Shard
 from vramlens.workload.spec import Workload
@@ -41,36 +47,103 @@ __all__ = ["estimate_training", "training_phases"]
 _C = Category
 
 
-def _phase(name: str, note: str, parts: dict[Category, int]) -> PhaseMemory:
-    clean = {category: int(value) for category, value in parts.items() if value}
-    return PhaseMemory(name=name, allocated_bytes=sum(clean.values()), breakdown=clean, note=note)
+class _Instant:
+    """The terms alive at one instant of a step: whole quantities (their terms) and the
+    instant's own amounts, named with their formula."""
+
+    def __init__(self, mem: StageMemory, alive: str) -> None:
+        self.mem, self.alive = mem, alive
+        self.terms: list[Term] = []
+
+    def part(self, quantity: Summed) -> None:
+        """Every term of ``quantity`` (alive at this instant in full)."""
+        self.terms.extend(self.mem.terms_of(quantity))
+
+    def add(self, name: str, category: Category, value: int, formula: Formula) -> None:
+        """A term of ``value`` bytes alive at this instant (none when 0)."""
+        if value:
+            self.terms.append(Term(name=name, category=category, bytes=value, explain=formula, alive=self.alive))
+
+    def quantity(self, name: str, category: Category, key: str) -> None:
+        """The instant's share of a quantity with no term of its own (``StageMemory.formulas[key]``)."""
+        value = getattr(self.mem, key)
+        if value:
+            self.add(name, category, value, self.mem.formulas.get(key, ""))
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(term.bytes for term in self.terms)
 
 
-def _base(mem: StageMemory) -> dict[Category, int]:
-    return {_C.PARAMETERS: mem.params, _C.OPTIMIZER_STATE: mem.states, _C.OTHER: CUBLAS_WORKSPACE_BYTES}
+def _base(mem: StageMemory, alive: str) -> _Instant:
+    """Parameters, optimizer state and the cuBLAS workspace: alive at every instant."""
+    instant = _Instant(mem, alive)
+    instant.part("params_bytes")
+    instant.part("states_bytes")
+    workspace = RUNTIME_CONSTANTS["cublas_workspace"]
+    instant.terms.append(
+        Term(
+            name="cuBLAS workspace (from the caching allocator)",
+            category=_C.OTHER,
+            bytes=CUBLAS_WORKSPACE_BYTES,
+            explain=workspace.source,
+            alive="from the first matmul on",
+        )
+    )
+    return instant
 
 
-def _kept_gradients(ctx: TrainingContext, mem: StageMemory) -> int:
+def _kept_gradients(ctx: TrainingContext, mem: StageMemory, instant: _Instant) -> None:
     """Gradients alive before a micro-step's backward: the unsharded ones FSDP accumulates without
     gradient sync (the sharded ones appear at the last micro-step), else with gradient
     accumulation the earlier micro-steps' (sharded) gradients; none on a single micro-step."""
-    if mem.unsharded.accumulated_grads:
-        return mem.unsharded.accumulated_grads
-    return mem.grads if ctx.workload.grad_accum > 1 and not ctx.in_backward_step else 0
+    accumulated = mem.unsharded.accumulated_grads
+    if accumulated:
+        instant.add(
+            "unsharded accumulated gradients (no gradient sync between micro-steps)",
+            _C.GRADIENTS,
+            accumulated,
+            "every trainable element in the reduce dtype (fsdp.py)",
+        )
+    elif ctx.workload.grad_accum > 1 and not ctx.in_backward_step:
+        instant.part("grads_bytes")
+
+
+def _unsharded(instant: _Instant, value: int, where: str) -> None:
+    how = instant.mem.unsharded.how
+    instant.add(f"unsharded parameters and buffers {where}", _C.TEMPORARY, value, how)
+
+
+def _logits(instant: _Instant, value: int, name: str) -> None:
+    """The loss's tensors of ``value`` bytes, the LM head's bf16 weight copy apart."""
+    mem = instant.mem
+    assert mem.logits is not None
+    instant.add(name, _C.TEMPORARY, value - mem.head_cast_bytes, mem.logits.formula)
+    head = "LM head bf16 weight copy (fp32 head after k-bit preparation)"
+    instant.add(head, _C.TEMPORARY, mem.head_cast_bytes, "V x h x 2 B")
 
 
 def _forward(ctx: TrainingContext, mem: StageMemory) -> PhaseMemory:
-    logits = mem.logits.forward_end if mem.logits else 0
-    unsharded = mem.unsharded
-    # A quantized base's dequantized weight exists inside a layer's linear, not at the loss.
-    at_loss = max(logits + unsharded.loss, mem.forward_working + mem.dequant + unsharded.forward_layer)
-    parts = _base(mem) | {
-        _C.GRADIENTS: _kept_gradients(ctx, mem) + mem.grad_buckets,
-        _C.ACTIVATIONS: mem.activations + mem.non_layer,
-        _C.INPUTS: mem.inputs,
-        _C.TEMPORARY: at_loss + mem.casts,
-    }
-    return _phase("forward", "end of forward: the loss, or the last layer's working set", parts)
+    """The end of forward: at the loss, or inside the last layer's forward when that is higher (a
+    quantized base's dequantized weight exists inside a layer's linear, not at the loss)."""
+    u = mem.unsharded
+    at_loss = (mem.logits.forward_end if mem.logits else 0) + u.loss
+    in_layer = mem.forward_working_bytes + mem.dequant_bytes + u.forward_layer
+    where = "at the loss" if at_loss >= in_layer else "inside the last layer's forward"
+    instant = _base(mem, where)
+    _kept_gradients(ctx, mem, instant)
+    for quantity in ("grad_buckets_bytes", "activations_bytes", "non_layer_bytes", "inputs_bytes"):
+        instant.part(quantity)
+    if at_loss >= in_layer:
+        if mem.logits is not None:
+            _logits(instant, mem.logits.forward_end, "logits and loss (at the loss)")
+        _unsharded(instant, u.loss, "at the loss")
+    else:
+        instant.quantity("a layer's forward working set", _C.TEMPORARY, "forward_working_bytes")
+        instant.part("dequant_bytes")
+        _unsharded(instant, u.forward_layer, "in a layer's forward")
+    instant.part("casts_bytes")
+    return PhaseMemory.of_terms("forward", f"end of forward: {where}", instant.terms)
 
 
 def tied_embedding_grad_bytes(ctx: TrainingContext) -> int:
@@ -105,67 +178,155 @@ def pending_embedding_grad_bytes(ctx: TrainingContext, mem: StageMemory) -> int:
     return ctx.spec.vocab_size * ctx.spec.hidden_size * ctx.grad_bytes
 
 
+def _gradients_so_far(instant: _Instant, in_backward: bool, missing: dict[str, int]) -> None:
+    """Every gradient (none with an optimizer in backward, which frees each at once) but those
+    ``missing`` not made yet at this instant (bytes by what they are)."""
+    if in_backward:
+        return
+    grads = instant.mem.grads_bytes
+    less = min(sum(missing.values()), grads)
+    if not less:
+        instant.part("grads_bytes")
+        return
+    what = " and ".join(name for name, value in missing.items() if value)
+    parts = " - ".join(f"{name} {value:,} B" for name, value in missing.items() if value)
+    instant.add(
+        f"gradients made so far (all but {what})", _C.GRADIENTS, grads - less, f"every gradient {grads:,} B - {parts}"
+    )
+
+
+def _backward_start(ctx: TrainingContext, mem: StageMemory) -> tuple[str, _Instant]:
+    instant = _base(mem, "start of backward")
+    _kept_gradients(ctx, mem, instant)
+    for quantity in ("grad_buckets_bytes", "activations_bytes", "non_layer_bytes", "inputs_bytes"):
+        instant.part(quantity)
+    if mem.logits is not None:
+        _logits(instant, mem.logits.backward_start, "loss gradient beside the kept logits (start of backward)")
+    instant.quantity("autocast weight copies alive in backward", _C.TEMPORARY, "casts_backward_bytes")
+    _unsharded(instant, mem.unsharded.backward_start, "at the start of backward")
+    return "start of backward: loss gradient beside all activations", instant
+
+
+def _first_layers(ctx: TrainingContext, mem: StageMemory, outputs: int) -> tuple[str, _Instant]:
+    instant = _base(mem, "inside the first layers' backward")
+    _kept_gradients(ctx, mem, instant)
+    instant.part("grad_buckets_bytes")
+    if not ctx.in_backward_step:
+        instant.quantity("LM head gradient (made first in backward)", _C.GRADIENTS, "head_grads_bytes")
+    for quantity in ("activations_bytes", "non_layer_bytes", "inputs_bytes"):
+        instant.part(quantity)
+    instant.quantity("the recomputed layer's tensors", _C.ACTIVATIONS, "recompute_bytes")
+    _kept_outputs(instant, outputs)
+    instant.quantity("a layer's backward working set", _C.TEMPORARY, "working_bytes")
+    instant.quantity("autocast weight copies alive in backward", _C.TEMPORARY, "casts_backward_bytes")
+    instant.part("dequant_bytes")
+    _unsharded(instant, mem.unsharded.first_layers, "in a layer's backward")
+    return "first layers of backward: a recomputed layer and the gradient working set", instant
+
+
+def _kept_outputs(instant: _Instant, outputs: int) -> None:
+    formula = instant.mem.logits.formula if instant.mem.logits is not None else ""
+    instant.add("model outputs the loop keeps (logits, until backward returns)", _C.TEMPORARY, outputs, formula)
+
+
+def _backward_end(ctx: TrainingContext, mem: StageMemory, kept_to_end: int) -> tuple[str, _Instant]:
+    instant = _base(mem, "end of backward")
+    _gradients_so_far(instant, ctx.in_backward_step, {})
+    for quantity in ("grad_buckets_bytes", "non_layer_bytes", "inputs_bytes"):
+        instant.part(quantity)
+    _kept_outputs(instant, kept_to_end)
+    if mem.end_working_bytes is None:
+        instant.quantity("a layer's backward working set", _C.TEMPORARY, "working_bytes")
+    else:
+        instant.add("the embedding's backward working set", _C.TEMPORARY, mem.end_working_bytes, "")
+    instant.part("dequant_bytes")
+    _unsharded(instant, mem.unsharded.end, "in the embedding's backward")
+    return "end of backward: every gradient", instant
+
+
+def _last_layer(ctx: TrainingContext, mem: StageMemory, kept_to_end: int, embedding: int) -> tuple[str, _Instant]:
+    instant = _base(mem, "inside the first layer's backward (the last backward reaches)")
+    missing = {"the first layer's": mem.layer_grads_bytes, "the input embedding's": embedding}
+    _gradients_so_far(instant, ctx.in_backward_step, missing)
+    for quantity in ("grad_buckets_bytes", "non_layer_bytes", "inputs_bytes"):
+        instant.part(quantity)
+    if mem.recompute_bytes:
+        instant.quantity("the recomputed layer's tensors", _C.ACTIVATIONS, "recompute_bytes")
+    else:
+        layers = max(mem.stage.layers, 1)
+        instant.add(
+            "the first layer's saved activations",
+            _C.ACTIVATIONS,
+            mem.activations_bytes // layers,
+            f"activations {mem.activations_bytes:,} B / {layers} layers",
+        )
+    _kept_outputs(instant, kept_to_end)
+    instant.quantity("a layer's backward working set", _C.TEMPORARY, "working_bytes")
+    instant.quantity("autocast weight copies alive in backward", _C.TEMPORARY, "casts_backward_bytes")
+    instant.part("dequant_bytes")
+    _unsharded(instant, mem.unsharded.last_layer, "in the first layer's backward")
+    return "last layer of backward: the first layer's activations beside every other gradient", instant
+
+
+def _tied_backward(ctx: TrainingContext, mem: StageMemory, outputs: int, tied: int) -> tuple[str, _Instant]:
+    """The tied embedding's backward: under FSDP (``tied`` 0; the gathered tail, the head's gradient,
+    the embedding's, their sum and a reduce-scatter input are ``unsharded.end``) while the loop still
+    holds the logits, the tied matrix's sharded gradient still to come; on one unsharded rank the
+    head's contribution and the sum beside the embedding's (``tied`` bytes each)."""
+    instant = _base(mem, "inside the tied embedding's backward")
+    missing = {} if tied else {"the tied matrix's": mem.head_grads_bytes}
+    _gradients_so_far(instant, ctx.in_backward_step, missing)
+    for quantity in ("grad_buckets_bytes", "non_layer_bytes", "inputs_bytes"):
+        instant.part(quantity)
+    _kept_outputs(instant, outputs)
+    instant.add(
+        "tied embedding: the LM head's gradient contribution and the sum (InputBuffer::accumulate)",
+        _C.TEMPORARY,
+        2 * tied,
+        f"2 x vocab {ctx.spec.vocab_size:,} x hidden {ctx.spec.hidden_size:,} x {ctx.grad_bytes} B",
+    )
+    _unsharded(instant, mem.unsharded.end, "in the embedding's backward")
+    if tied:
+        return "end of backward: the tied embedding's two gradient contributions and their sum", instant
+    return "end of backward: the tied embedding's backward (FSDP) beside the kept logits", instant
+
+
 def _backward(ctx: TrainingContext, mem: StageMemory) -> PhaseMemory:
-    in_backward = ctx.in_backward_step
-    accumulated = _kept_gradients(ctx, mem)
-    all_grads = 0 if in_backward else mem.grads
-    outputs = mem.logits.outputs if mem.logits else 0
-    start_logits = mem.logits.backward_start if mem.logits else 0
+    """The highest of backward's instants (the first on a tie).
+
+    The loop's kept model outputs live until backward returns, so they are in the last layer's
+    and the end's working set too, where a checkpointed single-GPU step peaks, and the input
+    embedding's gradient is not there yet at the last layer (tracked CPU runs and the simulator,
+    tests/experiments). Under FSDP the simulator's last layer stays at the formula without both
+    (llama-3.1-8b, 8 GPUs, bf16, recompute full: 11.3895 GB), so FSDP keeps it.
+    """
     u = mem.unsharded
-    # The loop's kept model outputs live until backward returns, so they are in the last layer's
-    # and the end's working set too, where a checkpointed single-GPU step peaks, and the input
-    # embedding's gradient is not there yet at the last layer (tracked CPU runs and the simulator,
-    # tests/experiments). Under FSDP (``u``) the simulator's last layer stays at the formula
-    # without both (llama-3.1-8b, 8 GPUs, bf16, recompute full: 11.3895 GB), so FSDP keeps it.
+    outputs = mem.logits.outputs if mem.logits else 0
     fsdp = bool(u.last_layer or u.end)
     kept_to_end = 0 if fsdp else outputs
-    pending = 0 if in_backward else mem.layer_grads + (0 if fsdp else pending_embedding_grad_bytes(ctx, mem))
-    candidates = {
-        "start of backward: loss gradient beside all activations": (
-            accumulated + mem.grad_buckets,
-            mem.activations + mem.non_layer,
-            start_logits + mem.casts_backward + u.backward_start,
-        ),
-        "first layers of backward: a recomputed layer and the gradient working set": (
-            accumulated + mem.grad_buckets + (0 if in_backward else mem.head_grads),
-            mem.activations + mem.non_layer + mem.recompute,
-            outputs + mem.working + mem.casts_backward + mem.dequant + u.first_layers,
-        ),
-        "end of backward: every gradient": (
-            all_grads + mem.grad_buckets,
-            mem.non_layer,
-            kept_to_end + (mem.working if mem.end_working is None else mem.end_working) + mem.dequant + u.end,
-        ),
-        "last layer of backward: the first layer's activations beside every other gradient": (
-            all_grads - pending + mem.grad_buckets,
-            mem.non_layer + (mem.recompute or mem.activations // max(mem.stage.layers, 1)),
-            kept_to_end + mem.working + mem.casts_backward + mem.dequant + u.last_layer,
-        ),
-    }
+    embedding = 0 if fsdp else pending_embedding_grad_bytes(ctx, mem)
+    candidates = [
+        _backward_start(ctx, mem),
+        _first_layers(ctx, mem, outputs),
+        _backward_end(ctx, mem, kept_to_end),
+        _last_layer(ctx, mem, kept_to_end, embedding),
+    ]
     if u.end and ctx.spec.tie_word_embeddings and outputs:
-        # FSDP: the tied embedding's backward (u.end: the gathered tail, the head's gradient, the
-        # embedding's, their sum, a reduce-scatter input) while the loop still holds the logits;
-        # the tied matrix's sharded gradient comes after it.
-        candidates["end of backward: the tied embedding's backward (FSDP) beside the kept logits"] = (
-            all_grads - (0 if in_backward else mem.head_grads) + mem.grad_buckets,
-            mem.non_layer,
-            outputs + u.end,
-        )
+        candidates.append(_tied_backward(ctx, mem, outputs, 0))
     tied = tied_embedding_grad_bytes(ctx)
     if tied:
-        candidates["end of backward: the tied embedding's two gradient contributions and their sum"] = (
-            all_grads + mem.grad_buckets,
-            mem.non_layer,
-            outputs + 2 * tied + u.end,
-        )
-    note, (grads, acts, temp) = max(candidates.items(), key=lambda item: sum(item[1]))
-    parts = _base(mem) | {_C.GRADIENTS: grads, _C.ACTIVATIONS: acts, _C.INPUTS: mem.inputs, _C.TEMPORARY: temp}
-    return _phase("backward", note, parts)
+        candidates.append(_tied_backward(ctx, mem, outputs, tied))
+    note, peak = max(candidates, key=lambda candidate: candidate[1].total_bytes)
+    return PhaseMemory.of_terms("backward", note, peak.terms)
 
 
 def _optimizer(mem: StageMemory) -> PhaseMemory:
-    parts = _base(mem) | {_C.GRADIENTS: mem.grads + mem.grad_buckets, _C.TEMPORARY: mem.step_temp}
-    return _phase("optimizer_step", "optimizer.step(): every gradient and the step's temporaries", parts)
+    instant = _base(mem, "inside optimizer.step()")
+    for quantity in ("grads_bytes", "grad_buckets_bytes", "step_temp_bytes"):
+        instant.part(quantity)
+    return PhaseMemory.of_terms(
+        "optimizer_step", "optimizer.step(): every gradient and the step's temporaries", instant.terms
+    )
 
 
 def training_phases(ctx: TrainingContext, mem: StageMemory) -> list[PhaseMemory]:
@@ -183,6 +344,8 @@ class _Levels:
     runtime: dict[str, int]
     safe: SafeLevels
     note: str
+    allocator_terms: tuple[Term, ...]
+    runtime_terms: tuple[Term, ...]
 
 
 def _levels(ctx: TrainingContext, mem: StageMemory, peak: PhaseMemory, targets: frozenset[str]) -> _Levels:
@@ -190,7 +353,7 @@ def _levels(ctx: TrainingContext, mem: StageMemory, peak: PhaseMemory, targets: 
     workload = ctx.workload
     slack = training_slack(ctx, mem, targets, allocator_settings(workload.alloc_conf))
     eager = older_than(workload.versions, "lazy_module_loading")
-    runtime = runtime_parts(workload.parallel, paged_bytes=mem.paged_states, eager_modules=eager)
+    runtime = runtime_parts(workload.parallel, paged_bytes=mem.paged_states_bytes, eager_modules=eager)
     reserved = peak.allocated_bytes + slack.total_bytes
     device = reserved + sum(runtime.values())
     safe = safe_levels(
@@ -205,7 +368,44 @@ def _levels(ctx: TrainingContext, mem: StageMemory, peak: PhaseMemory, targets: 
     note = _reserved_note(slack, workload.alloc_conf)
     if eager:
         note += f"; {rule_note(workload.versions, 'lazy_module_loading')}"
-    return _Levels(reserved=reserved, device=device, runtime=runtime, safe=safe, note=note)
+    return _Levels(
+        reserved=reserved,
+        device=device,
+        runtime=runtime,
+        safe=safe,
+        note=note,
+        allocator_terms=_slack_terms(slack, mem, workload.alloc_conf),
+        runtime_terms=runtime_terms(runtime, workload.parallel, eager_modules=eager),
+    )
+
+
+def _slack_terms(slack: TrainingSlack, mem: StageMemory, alloc_conf: str) -> tuple[Term, ...]:
+    """The reserved level's terms above the allocated peak: the allocator slack's two parts."""
+    conf = alloc_conf or "default PYTORCH_CUDA_ALLOC_CONF"
+    churn = layer_churn(mem)
+    terms = (
+        Term(
+            name="allocator slack: vocabulary-sized tensors (replayed)",
+            category=_C.ALLOCATOR_SLACK,
+            bytes=slack.vocabulary_bytes,
+            explain=lambda: (
+                f"logits, loss, head and embedding requests of the step replayed through the caching-allocator "
+                f"model ({conf}), less what the layers' gradients reuse"
+            ),
+            alive="cached blocks, from the first step on",
+        ),
+        Term(
+            name="allocator slack: decoder layers' churn (fitted fractions)",
+            category=_C.ALLOCATOR_SLACK,
+            bytes=slack.layers_bytes,
+            explain=lambda: (
+                f"fitted fractions x churn of saved activations {churn[0]:,} B, backward working sets {churn[1]:,} B, "
+                f"parameter-sized tensors {churn[2]:,} B (reserved.py LAYER_SLACK_FRACTION, {conf})"
+            ),
+            alive="cached blocks, from the first step on",
+        ),
+    )
+    return tuple(term for term in terms if term.bytes)
 
 
 def _reserved_note(slack: TrainingSlack, alloc_conf: str) -> str:
@@ -253,6 +453,8 @@ def estimate_training(spec: ModelSpec, workload: Workload, *, gpu: GpuSpec | Non
         runtime=levels.runtime,
         safe=levels.safe,
         terms=tuple(mem.terms),
+        allocator_terms=levels.allocator_terms,
+        runtime_terms=levels.runtime_terms,
         assumptions=tuple(notes),
         gpu=gpu.name if gpu else None,
         capacity_bytes=gpu.memory_bytes if gpu else None,
