@@ -43,6 +43,7 @@ from vramlens.workload.options import Shard
 from vramlens.workload.spec import Parallelism
 
 __all__ = [
+    "CUBLAS_FORMULA",
     "CUBLAS_WORKSPACE_BYTES",
     "CUDA_CONTEXT_BYTES",
     "CUDA_CONTEXT_EAGER_BYTES",
@@ -121,6 +122,8 @@ NCCL_PAIR_BYTES: Final = RUNTIME_CONSTANTS["nccl_pair"].bytes
 NCCL_RING_BYTES: Final = RUNTIME_CONSTANTS["nccl_ring"].bytes
 NCCL_ALL_TO_ALL_BYTES: Final = RUNTIME_CONSTANTS["nccl_all_to_all"].bytes
 CUBLAS_WORKSPACE_BYTES: Final = RUNTIME_CONSTANTS["cublas_workspace"].bytes
+#: The cuBLAS workspace's term formula.
+CUBLAS_FORMULA: Final = "32 MiB: CUBLAS_WORKSPACE_CONFIG :4096:8 on sm90, one handle and stream (CublasHandlePool.cpp)"
 
 
 def communicators(parallel: Parallelism) -> list[tuple[str, int, int]]:
@@ -170,8 +173,14 @@ def runtime_parts(parallel: Parallelism, *, paged_bytes: int = 0, eager_modules:
 #: What each runtime part is, for its term: (name, formula); vLLM's parts are its engine constants
 #: (:mod:`vramlens.estimate.infer.engines`).
 _PART_TERMS: Final = {
-    "cuda_context": ("CUDA context", RUNTIME_CONSTANTS["cuda_context"].source),
-    "cuda_context_eager": ("CUDA context (eager module loading)", RUNTIME_CONSTANTS["cuda_context_eager"].source),
+    "cuda_context": (
+        "CUDA context",
+        "512 MiB: a lazily loaded context (287-426 MB measured) plus a step's kernels (pytorch/pytorch#86509)",
+    ),
+    "cuda_context_eager": (
+        "CUDA context (eager module loading)",
+        "1000 MiB: every kernel module loaded at start (pytorch/pytorch#107667)",
+    ),
     "paged_optimizer_state": (
         "paged optimizer state (CUDA unified memory, resident)",
         "optimizer state x elements of the paged groups / state shards (bitsandbytes paged optimizer)",

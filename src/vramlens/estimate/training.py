@@ -27,8 +27,8 @@ from vramlens.estimate.margins import runtime_spread, safe_levels
 from vramlens.estimate.quantities import Formula, StageMemory, Summed, stage_memory
 from vramlens.estimate.reserved import TrainingSlack, allocator_settings, layer_churn, training_slack
 from vramlens.estimate.runtime import (
+    CUBLAS_FORMULA,
     CUBLAS_WORKSPACE_BYTES,
-    RUNTIME_CONSTANTS,
     communicators,
     runtime_parts,
     runtime_terms,
@@ -80,13 +80,12 @@ def _base(mem: StageMemory, alive: str) -> _Instant:
     instant = _Instant(mem, alive)
     instant.part("params_bytes")
     instant.part("states_bytes")
-    workspace = RUNTIME_CONSTANTS["cublas_workspace"]
     instant.terms.append(
         Term(
             name="cuBLAS workspace (from the caching allocator)",
             category=_C.OTHER,
             bytes=CUBLAS_WORKSPACE_BYTES,
-            explain=workspace.source,
+            explain=CUBLAS_FORMULA,
             alive="from the first matmul on",
         )
     )

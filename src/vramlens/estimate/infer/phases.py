@@ -32,7 +32,7 @@ from vramlens.estimate.infer.working import (
     sampler_bytes,
     vllm_layer_working_bytes,
 )
-from vramlens.estimate.runtime import CUBLAS_WORKSPACE_BYTES, RUNTIME_CONSTANTS
+from vramlens.estimate.runtime import CUBLAS_FORMULA, CUBLAS_WORKSPACE_BYTES
 from vramlens.estimate.versions import older_than, rule_note
 from vramlens.report.model import PhaseMemory, ServingCapacity, Term
 from vramlens.units import format_bytes
@@ -74,10 +74,11 @@ def base_terms(stage: StageWeights, weights_formula: str, *, cublas: bool = True
     weights = term("weights", _C.PARAMETERS, stage.total, weights_formula, WHOLE_RUN)
     if not cublas:
         return [weights]
-    source = RUNTIME_CONSTANTS["cublas_workspace"].source
     return [
         weights,
-        term("cuBLAS workspace (from the caching allocator)", _C.OTHER, CUBLAS_WORKSPACE_BYTES, source, WHOLE_RUN),
+        term(
+            "cuBLAS workspace (from the caching allocator)", _C.OTHER, CUBLAS_WORKSPACE_BYTES, CUBLAS_FORMULA, WHOLE_RUN
+        ),
     ]
 
 
