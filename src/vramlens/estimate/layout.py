@@ -320,18 +320,43 @@ def _stage(
     )
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LayoutInputs:
+    """What the parameter layout reads from a training context besides the model: its memo key."""
+
+    method: Method
+    lora_rank: int
+    lora_targets: str | tuple[str, ...]
+    modules_to_save: tuple[str, ...]
+    quant: Quant
+    param_bytes: int
+    frozen_bytes: float
+    grad_bytes: int
+    state_bytes: int
+    master_bytes: int
+    compute_bytes: int
+    adapters_fp32: bool
+    tp: int
+    pp: int
+    ep: int
+    kbit_prepared: bool
+
+    @classmethod
+    def of(cls, ctx: TrainingContext) -> LayoutInputs:
+        workload, lora, parallel = ctx.workload, ctx.workload.lora, ctx.workload.parallel
+        return cls(
+            method=workload.method, lora_rank=lora.rank, lora_targets=lora.targets,
+            modules_to_save=lora.modules_to_save, quant=workload.quant, param_bytes=ctx.param_bytes,
+            frozen_bytes=ctx.frozen_bytes, grad_bytes=ctx.grad_bytes, state_bytes=ctx.state_bytes,
+            master_bytes=ctx.master_bytes, compute_bytes=ctx.compute_bytes, adapters_fp32=ctx.profile.adapters_fp32,
+            tp=parallel.tp, pp=parallel.pp, ep=parallel.ep, kbit_prepared=kbit_prepared(workload, ctx.profile),
+        )  # fmt: skip
+
+
 def param_layout(ctx: TrainingContext) -> ParamLayout:
     """The first and last pipeline stages of the busiest rank (one stage when pp = 1),
-    memoized on the spec by the workload keys it reads."""
-    workload = ctx.workload
-    lora = workload.lora
-    parallel = workload.parallel
-    key = (
-        "param-layout", workload.method, lora.rank, lora.targets, lora.modules_to_save, workload.quant,
-        ctx.param_bytes, ctx.frozen_bytes, ctx.grad_bytes, ctx.state_bytes, ctx.master_bytes, ctx.compute_bytes,
-        ctx.profile.adapters_fp32, parallel.tp, parallel.pp, parallel.ep, kbit_prepared(workload, ctx.profile),
-    )  # fmt: skip
-    return memo(ctx.spec, key, lambda: _param_layout(ctx))
+    memoized on the spec by the inputs it reads (:class:`LayoutInputs`)."""
+    return memo(ctx.spec, LayoutInputs.of(ctx), lambda: _param_layout(ctx))
 
 
 def _param_layout(ctx: TrainingContext) -> ParamLayout:

@@ -88,8 +88,24 @@ def _layer_weights(ctx: TrainingContext, kind: LayerKind, layer_elements: int) -
     """Elements of each weight of one layer of ``kind`` on this rank: linears (and biases), norms, and
     the rest (routed experts as fused 3-D gate/up and down tensors, the router; a state mixer's
     convolution and vectors) in two tensors (memoized on the spec)."""
-    key = ("step-layer-weights", kind, layer_elements, ctx.workload.parallel.tp)
+    key = _LayerWeights(kind=kind, layer_elements=layer_elements, tp=ctx.workload.parallel.tp)
     return memo(ctx.spec, key, lambda: _weights_of_layer(ctx, kind, layer_elements))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _LayerWeights:
+    """The memo key of :func:`_layer_weights`."""
+
+    kind: LayerKind
+    layer_elements: int
+    tp: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _StageKinds:
+    """The memo key of :func:`_kinds`."""
+
+    layer_range: range
 
 
 def _weights_of_layer(ctx: TrainingContext, kind: LayerKind, layer_elements: int) -> list[int]:
@@ -119,7 +135,7 @@ def _adapters(ctx: TrainingContext, kind: LayerKind, targets: frozenset[str]) ->
 def _kinds(ctx: TrainingContext, stage: StageView) -> list[LayerKind]:
     """The (mixer, FFN) kind of each layer kind, in order: two kinds where layers alternate (MoE and
     dense, sliding and global attention, Mamba and attention), else one (memoized on the spec)."""
-    return memo(ctx.spec, ("step-layer-kinds", stage.layer_range), lambda: _layer_kinds(ctx, stage))
+    return memo(ctx.spec, _StageKinds(layer_range=stage.layer_range), lambda: _layer_kinds(ctx, stage))
 
 
 def _layer_kinds(ctx: TrainingContext, stage: StageView) -> list[LayerKind]:
