@@ -22,6 +22,7 @@ from vramlens.categories import Category
 from vramlens.estimate.context import TrainingContext
 from vramlens.estimate.generic import recipe_counts, training_recipe
 from vramlens.estimate.layout import StageView, micro_batches_in_flight
+from vramlens.estimate.logits_terms import logits_terms
 from vramlens.estimate.quantities import (
     WHOLE_STEP,
     StageMemory,
@@ -29,7 +30,6 @@ from vramlens.estimate.quantities import (
     _optimizer_temporaries,
     _unsharded,
     _weights_and_state,
-    logits_terms,
 )
 from vramlens.model.generic.recipe import TrainingRecipe
 from vramlens.workload.options import Recompute, Shard
@@ -107,6 +107,23 @@ def _layer_terms(ctx: TrainingContext, mem: StageMemory) -> None:
     )
     mem.casts_backward_bytes = int(copies_backward + head)
     mem.formulas["casts_backward_bytes"] = "traced: what the layers hold at the start of backward whatever the batch"
+    _outside_terms(ctx, mem, kept)
+    kinds = list(counts)
+    mem.working_bytes = int(max((working.kinds[k].backward_working.at(b, s) for k in kinds), default=0))
+    mem.forward_working_bytes = int(max((working.kinds[k].forward_transient.at(b, s) for k in kinds), default=0))
+    mem.formulas["working_bytes"] = f"traced: the largest layer kind's backward working set at {b} x {s} tokens"
+    mem.formulas["forward_working_bytes"] = f"traced: the largest layer kind's forward transients at {b} x {s} tokens"
+    mem.end_working_bytes = (
+        0  # the traced working sets are the layers'; none is left when only the embedding's backward runs
+    )
+    if workload.recompute is not Recompute.NONE:
+        mem.notes.append("recompute: the recomputed layer is traced inside its backward working set")
+    mem.notes.extend(kept.notes)
+
+
+def _outside_terms(ctx: TrainingContext, mem: StageMemory, kept: TrainingRecipe) -> None:
+    """What the traced step holds outside the decoder layers, and the inputs."""
+    b, s = ctx.workload.batch, ctx.workload.seq
     mem.add(
         "activations outside the layers (embedding output, position tables, masks, final norm; traced)",
         Category.ACTIVATIONS,
@@ -123,17 +140,6 @@ def _layer_terms(ctx: TrainingContext, mem: StageMemory) -> None:
         into="inputs_bytes",
         alive=WHOLE_STEP,
     )
-    kinds = list(counts)
-    mem.working_bytes = int(max((working.kinds[k].backward_working.at(b, s) for k in kinds), default=0))
-    mem.forward_working_bytes = int(max((working.kinds[k].forward_transient.at(b, s) for k in kinds), default=0))
-    mem.formulas["working_bytes"] = f"traced: the largest layer kind's backward working set at {b} x {s} tokens"
-    mem.formulas["forward_working_bytes"] = f"traced: the largest layer kind's forward transients at {b} x {s} tokens"
-    mem.end_working_bytes = (
-        0  # the traced working sets are the layers'; none is left when only the embedding's backward runs
-    )
-    if workload.recompute is not Recompute.NONE:
-        mem.notes.append("recompute: the recomputed layer is traced inside its backward working set")
-    mem.notes.extend(kept.notes)
 
 
 def generic_stage_memory(ctx: TrainingContext, stage: StageView, targets: frozenset[str]) -> StageMemory:

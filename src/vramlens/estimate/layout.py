@@ -16,7 +16,8 @@ from vramlens.errors import InputError
 from vramlens.estimate._memo import memo
 from vramlens.estimate.context import TrainingContext
 from vramlens.estimate.lora_head import HEAD_NAMES, head_adapter_elements
-from vramlens.estimate.qlora import BNB_4BIT_QUANTS, kbit_prepared, unquantized_bytes
+from vramlens.estimate.memo_keys import LayoutInputs
+from vramlens.estimate.qlora import BNB_4BIT_QUANTS, unquantized_bytes
 from vramlens.estimate.styles import hf_style
 from vramlens.estimate.vision import tower_targets, vision_frozen_bytes, vision_trained
 from vramlens.estimate.weight_format import format_for_quant
@@ -318,39 +319,6 @@ def _stage(
         layer_elements=layer_elements,
         largest_linear=largest,
     )
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class LayoutInputs:
-    """What the parameter layout reads from a training context besides the model: its memo key."""
-
-    method: Method
-    lora_rank: int
-    lora_targets: str | tuple[str, ...]
-    modules_to_save: tuple[str, ...]
-    quant: Quant
-    param_bytes: int
-    frozen_bytes: float
-    grad_bytes: int
-    state_bytes: int
-    master_bytes: int
-    compute_bytes: int
-    adapters_fp32: bool
-    tp: int
-    pp: int
-    ep: int
-    kbit_prepared: bool
-
-    @classmethod
-    def of(cls, ctx: TrainingContext) -> LayoutInputs:
-        workload, lora, parallel = ctx.workload, ctx.workload.lora, ctx.workload.parallel
-        return cls(
-            method=workload.method, lora_rank=lora.rank, lora_targets=lora.targets,
-            modules_to_save=lora.modules_to_save, quant=workload.quant, param_bytes=ctx.param_bytes,
-            frozen_bytes=ctx.frozen_bytes, grad_bytes=ctx.grad_bytes, state_bytes=ctx.state_bytes,
-            master_bytes=ctx.master_bytes, compute_bytes=ctx.compute_bytes, adapters_fp32=ctx.profile.adapters_fp32,
-            tp=parallel.tp, pp=parallel.pp, ep=parallel.ep, kbit_prepared=kbit_prepared(workload, ctx.profile),
-        )  # fmt: skip
 
 
 def param_layout(ctx: TrainingContext) -> ParamLayout:

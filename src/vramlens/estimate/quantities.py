@@ -14,19 +14,16 @@ from vramlens.categories import Category
 from vramlens.estimate.context import TrainingContext
 from vramlens.estimate.fsdp import Unsharded, fsdp_memory
 from vramlens.estimate.layout import EMBED_NAMES, StageView, effective_quant, micro_batches_in_flight
-from vramlens.estimate.logits import logits_memory
-from vramlens.estimate.lora_head import training_lora_head, with_lora_head
-from vramlens.estimate.loss_outputs import fp32_model_outputs, loss_chunks, model_logits_bytes
+from vramlens.estimate.logits_terms import logits_terms
 from vramlens.estimate.mixers import mixer_backward_working
 from vramlens.estimate.offload import gradient_buffers
 from vramlens.estimate.optimizers import OptimizerModel, optimizer_model
-from vramlens.estimate.qlora import dequantized_bytes, with_head_weight_cast
+from vramlens.estimate.qlora import dequantized_bytes
 from vramlens.estimate.recompute import LayerActivations, eager_attention_working, layer_activations, train_state
 from vramlens.estimate.stage_memory import WHOLE_STEP, Formula, StageMemory, Summed
-from vramlens.estimate.versions import older_than, rule_note
 from vramlens.model.modules import layer_linears
 from vramlens.units import format_bytes
-from vramlens.workload.options import Framework, Method, Offload, PipelineSchedule, Quant, Recompute, Shard
+from vramlens.workload.options import Method, Offload, PipelineSchedule, Quant, Recompute, Shard
 
 __all__ = ["WHOLE_STEP", "Formula", "StageMemory", "Summed", "stage_memory"]
 
@@ -379,49 +376,3 @@ def stage_memory(ctx: TrainingContext, stage: StageView, targets: frozenset[str]
     _transients(ctx, mem, targets)
     _optimizer_temporaries(ctx, mem)
     return mem
-
-
-def logits_terms(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str] = frozenset()) -> None:
-    """The last stage's logits and loss, the LM head's bf16 weight copy after k-bit preparation, a LoRA head."""
-    tp = ctx.workload.parallel.tp
-    fp32_outputs = fp32_model_outputs(ctx)
-    if ctx.profile.name in (Framework.HF, Framework.PLAIN) and older_than(ctx.workload.versions, "loss_upcast"):
-        mem.notes.append(rule_note(ctx.workload.versions, "loss_upcast"))
-    mem.logits = logits_memory(
-        ctx.loss,
-        tokens=ctx.tokens,
-        vocab=ctx.spec.vocab_size // tp,
-        hidden=ctx.spec.hidden_size,
-        logits_bytes=model_logits_bytes(ctx),
-        keeps_logits=ctx.profile.keeps_logits,
-        chunks=loss_chunks(ctx),
-        kept_bytes=4 if fp32_outputs else None,
-        loss_parallel=tp > 1 and ctx.profile.name is Framework.TORCHTITAN,
-        compiled=ctx.compiled_loss,
-        softcap=ctx.spec.final_logit_softcap is not None,
-    )
-    if (head := training_lora_head(ctx, targets, loss_chunks=loss_chunks(ctx))) is not None:
-        mem.logits = with_lora_head(mem.logits, head, ctx.tokens)
-        mem.add(
-            "LoRA head input (saved)",
-            Category.ACTIVATIONS,
-            head.saved * ctx.tokens,
-            head.formula,
-            into="non_layer_bytes",
-            alive="from the head's forward to its backward",
-        )
-    mem.add(
-        "logits and loss (at the loss)",
-        Category.TEMPORARY,
-        mem.logits.forward_end,
-        mem.logits.formula,
-        alive="from the head's forward to the loss's backward",
-    )
-    mem.logits, mem.head_cast_bytes = with_head_weight_cast(ctx, mem.logits)
-    mem.add(
-        "LM head bf16 weight copy (fp32 head after k-bit preparation)",
-        Category.TEMPORARY,
-        mem.head_cast_bytes,
-        "V x h x 2 B",
-        alive="from the head's forward to its backward",
-    )
