@@ -97,7 +97,12 @@ def compare(llm_analysis_python: str, repeat: int) -> None:
     """Print vramlens's and llm-analysis's cold-start medians side by side, with the ratios."""
     sides = {
         "llm-analysis train (7B, ZeRO-3 x8, seq 2048, full recompute)": [llm_analysis_python, *LLM_ANALYSIS_TRAIN],
-        "vramlens " + " ".join(VRAMLENS_TRAIN[:2]) + " (same workload)": [sys.executable, "-m", "vramlens", *VRAMLENS_TRAIN],
+        "vramlens " + " ".join(VRAMLENS_TRAIN[:2]) + " (same workload)": [
+            sys.executable,
+            "-m",
+            "vramlens",
+            *VRAMLENS_TRAIN,
+        ],
         "vramlens " + " ".join(VRAMLENS_DEFAULT): [sys.executable, "-m", "vramlens", *VRAMLENS_DEFAULT],
     }
     times = alternate(sides, repeat)
