@@ -181,7 +181,14 @@ def _fast_path(memo_bits: int, flat_units: bool = False) -> re.Pattern[bytes]:
         return b"[" + re.escape(bytes(codes)) + b"]" + (b".{%d}" % size if size else b"")
 
     lengths = b"|".join(re.escape(bytes([n])) + b".{%d}" % n for n in range(_SHORT + 1))
-    parts = [*(_flat_units() if flat_units else []), b"h.", b"j.{4}", run(fixed[1], 1), run(fixed[0], 0), run(fixed[4], 4)]
+    parts = [
+        *(_flat_units() if flat_units else []),
+        b"h.",
+        b"j.{4}",
+        run(fixed[1], 1),
+        run(fixed[0], 0),
+        run(fixed[4], 4),
+    ]
     parts += [run(counted, 0) + b"(?:" + lengths + b")", run(fixed[2], 2), run(fixed[8], 8)]
     parts.append(b"r" + _below_power_of_two(memo_bits))
     body = b"(?:" + b"|".join(parts) + b")"
