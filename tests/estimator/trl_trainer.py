@@ -5,8 +5,10 @@ Needs the [fidelity] extra (trl, datasets); imported by tests only."""
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,8 +76,8 @@ def _dataset(run: TrlRun) -> Any:
     rows = 2 * run.batch
     ids = torch.randint(1, TINY_LLAMA["vocab_size"], (rows, 3 * run.seq)).tolist()
     if run.trainer == "sft":
-        # SFTTrainer appends the EOS to pre-tokenized rows: seq - 1 tokens + EOS.
-        return datasets.Dataset.from_dict({"input_ids": [row[: run.seq - 1] for row in ids]})
+        # Pre-tokenized rows are used as they are (no EOS added): seq tokens each.
+        return datasets.Dataset.from_dict({"input_ids": [row[: run.seq] for row in ids]})
     half = run.seq // 2
 
     def text(row: list[int]) -> str:
@@ -111,6 +113,47 @@ def _config(run: TrlRun, out: str) -> Any:
     return trl.SFTConfig(**common) if run.trainer == "sft" else trl.DPOConfig(**common)
 
 
+#: Token rows the CPU stand-in for TRL's Triton kernels folds at a time (see :func:`triton_like_kernels`).
+_ROWS = 4
+
+
+@contextlib.contextmanager
+def triton_like_kernels() -> Iterator[None]:
+    """TRL's chunked log-prob head with the memory behaviour of its GPU path on CPU.
+
+    On CUDA, ``trl/kernels/chunked_logprob.py`` folds each ``[tokens, 32768]`` logits tile with
+    Triton kernels (one program per token row, in registers) and accumulates the gradient GEMMs
+    with ``torch.addmm(..., out_dtype=torch.float32)``: nothing tile-sized besides the tile.
+    Without Triton it runs ``_forward_tile``/``_backward_tile`` over the whole tile at once
+    (about seven fp32 tile-sized temporaries) and ``acc.addmm_(a.float(), b.float())``, which
+    the estimate (a GPU's memory) leaves out. Here the same torch functions run on ``_ROWS``
+    rows at a time and the GEMMs add block by block, so the CPU run allocates what the GPU run
+    does, within a few rows' temporaries. Everything else is TRL's own code."""
+    from trl.kernels import chunked_logprob as kernel
+
+    forward, backward, addmm = kernel._forward_tile, kernel._backward_tile, kernel._addmm_fp32
+
+    def rows(function: Any, sliced: tuple[int, ...]) -> Any:
+        def by_rows(*args: Any, **kwargs: Any) -> None:
+            for start in range(0, args[0].shape[0], _ROWS):
+                part = [a[start : start + _ROWS] if i in sliced else a for i, a in enumerate(args)]
+                function(*part, **kwargs)
+
+        return by_rows
+
+    def add_blocks(acc: Any, a: Any, b: Any) -> None:
+        for start in range(0, acc.shape[0], 64):
+            acc[start : start + 64] += a[start : start + 64] @ b
+
+    kernel._forward_tile = rows(forward, (0, 2, 3, 4, 5, 6, 7, 8, 9))
+    kernel._backward_tile = rows(backward, (0, 2, 3, 4, 5, 6))
+    kernel._addmm_fp32 = add_blocks
+    try:
+        yield
+    finally:
+        kernel._forward_tile, kernel._backward_tile, kernel._addmm_fp32 = forward, backward, addmm
+
+
 def measure_trl(run: TrlRun) -> int:
     """Peak live tensor bytes of ``trainer.train()`` over two optimizer steps."""
     import peft
@@ -141,6 +184,6 @@ def measure_trl(run: TrlRun) -> int:
         if getattr(trainer, "ref_model", None) is not None:
             live += [list(trainer.ref_model.parameters()), list(trainer.ref_model.buffers())]
         tracker.register(live)
-        with tracker:
+        with tracker, triton_like_kernels():
             trainer.train()
     return tracker.peak

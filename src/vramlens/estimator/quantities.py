@@ -21,6 +21,7 @@ from vramlens.estimator.offload import gradient_buffers
 from vramlens.estimator.optimizers import OptimizerModel, optimizer_model
 from vramlens.estimator.qlora import dequantized_bytes, with_head_weight_cast
 from vramlens.estimator.recompute import LayerActivations, eager_attention_working, layer_activations, train_state
+from vramlens.estimator.trl_head import fused_head, fused_head_memory, head_input_per_token
 from vramlens.model.modules import layer_linears
 from vramlens.resolve.context import TrainingContext
 from vramlens.resolve.derived import checkpointed_layers
@@ -180,7 +181,7 @@ def _activations(ctx: TrainingContext, mem: StageMemory, acts: LayerActivations)
     rotary = 2 * a * ctx.spec.head_dim if stage.first else 0
     # Final norm (sequence-parallel under TP) and the head's input, which a column-parallel
     # head all-gathers to the full sequence before the matmul.
-    final = ((4 * h + 4 + (a * h if ctx.full else 0)) / parallel.tp + (a * h if ctx.full else 0)) if stage.last else 0
+    final = ((4 * h + 4 + (a * h if ctx.full else 0)) / parallel.tp + head_input_per_token(ctx)) if stage.last else 0
     mem.non_layer = mem.add(
         "activations outside the layers (final norm, head input, rotary tables)",
         Category.ACTIVATIONS,
@@ -353,13 +354,13 @@ def stage_memory(ctx: TrainingContext, stage: StageView, targets: frozenset[str]
     return mem
 
 
-def logits_terms(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str] = frozenset()) -> None:
-    """The last stage's logits and loss, the LM head's bf16 weight copy after k-bit preparation, a LoRA head."""
+def _loss_memory(ctx: TrainingContext) -> LogitsMemory:
+    """The loss path's logits memory: TRL's fused head, or the logits and a cross-entropy."""
+    fused = fused_head(ctx)
+    if fused is not None:
+        return fused_head_memory(fused)
     tp = ctx.workload.parallel.tp
-    fp32_outputs = fp32_model_outputs(ctx)
-    if ctx.profile.name in (Framework.HF, Framework.PLAIN) and older_than(ctx.workload.versions, "loss_upcast"):
-        mem.notes.append(rule_note(ctx.workload.versions, "loss_upcast"))
-    mem.logits = logits_memory(
+    return logits_memory(
         ctx.loss,
         tokens=ctx.tokens,
         vocab=ctx.spec.vocab_size // tp,
@@ -367,11 +368,18 @@ def logits_terms(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str]
         logits_bytes=model_logits_bytes(ctx),
         keeps_logits=ctx.profile.keeps_logits,
         chunks=loss_chunks(ctx),
-        kept_bytes=4 if fp32_outputs else None,
+        kept_bytes=4 if fp32_model_outputs(ctx) else None,
         loss_parallel=tp > 1 and ctx.profile.name is Framework.TORCHTITAN,
         compiled=ctx.compiled_loss,
         softcap=ctx.spec.final_logit_softcap is not None,
     )
+
+
+def logits_terms(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str] = frozenset()) -> None:
+    """The last stage's logits and loss, the LM head's bf16 weight copy after k-bit preparation, a LoRA head."""
+    if ctx.profile.name in (Framework.HF, Framework.PLAIN) and older_than(ctx.workload.versions, "loss_upcast"):
+        mem.notes.append(rule_note(ctx.workload.versions, "loss_upcast"))
+    mem.logits = _loss_memory(ctx)
     if (head := training_lora_head(ctx, targets, loss_chunks=loss_chunks(ctx))) is not None:
         mem.logits = with_lora_head(mem.logits, head, ctx.tokens)
         mem.non_layer += mem.add("LoRA head input (saved)", Category.ACTIVATIONS, head.saved * ctx.tokens, head.formula)
