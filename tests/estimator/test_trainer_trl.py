@@ -69,4 +69,3 @@ def test_trl_trainer_peak_matches_the_estimate(name: str) -> None:
     if run.trainer == "dpo" and run.method == "full":
         estimated += report.peak.breakdown[Category.PARAMETERS]  # the reference model's frozen copy
     assert estimated == pytest.approx(measured, rel=0.03), f"estimate / tracked = {estimated / measured:.4f}"
-
