@@ -53,6 +53,8 @@ _WHOLE_STEP = "whole step"
 _NO_SYNC = {
     Framework.HF: "transformers Trainer: accelerator.no_sync(model) on all but the last micro-batch "
     "(FSDP2: set_requires_gradient_sync(False); FSDPParam.to_accumulated_grad_if_needed)",
+    Framework.TRL: "TRL's trainers run transformers' Trainer loop: accelerator.no_sync(model) on all but the last "
+    "micro-batch",
 }
 
 #: What each wrapping means, for the report's assumptions.

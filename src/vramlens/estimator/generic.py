@@ -64,6 +64,10 @@ def check_generic_training(ctx: TrainingContext) -> None:
     spec, workload = ctx.spec, ctx.workload
     if ctx.profile.name is Framework.PLAIN:
         raise _refuse("framework", ctx.profile.name, spec, "recipes trace the Trainer's loop; use hf")
+    if ctx.profile.name is Framework.TRL:
+        raise _refuse(
+            "framework", ctx.profile.name, spec, "recipes trace transformers' own LM head, not TRL's fused one"
+        )
     if ctx.profile.name is not Framework.HF:
         raise _refuse("framework", ctx.profile.name, spec, "that framework runs its own model code; use hf")
     if workload.compile:

@@ -116,6 +116,11 @@ def lora_head(
 def check_head_loss(loss: LossImpl) -> None:
     """A fused linear cross-entropy (Liger, CCE) reads the head's weight and never runs the
     head module, so an adapter on it would be skipped: refused."""
+    if loss is LossImpl.CHUNKED_LOGPROB:
+        raise InputError(
+            "lora.targets: TRL's fused LM head (loss chunked-logprob) reads lm_head.weight directly, so an adapter "
+            "on the head would not run; leave the head out of lora.targets"
+        )
     if loss is LossImpl.FUSED_LINEAR:
         raise InputError(
             "lora.targets: an adapter on the LM head needs the head to run; loss fused-linear reads its weight "

@@ -19,6 +19,7 @@ from vramlens.estimator.optimizers import OptimizerModel, optimizer_model
 from vramlens.estimator.qlora import dequantized_bytes
 from vramlens.estimator.recompute import LayerActivations, eager_attention_working, layer_activations, train_state
 from vramlens.estimator.stage_memory import WHOLE_STEP, Formula, StageMemory, Summed
+from vramlens.estimator.trl_head import head_input_per_token
 from vramlens.model.modules import layer_linears
 from vramlens.resolve.context import TrainingContext
 from vramlens.resolve.derived import checkpointed_layers
@@ -168,7 +169,7 @@ def _activations(ctx: TrainingContext, mem: StageMemory, acts: LayerActivations)
     rotary = 2 * a * ctx.spec.head_dim if stage.first else 0
     # Final norm (sequence-parallel under TP) and the head's input, which a column-parallel
     # head all-gathers to the full sequence before the matmul.
-    final = ((4 * h + 4 + (a * h if ctx.full else 0)) / parallel.tp + (a * h if ctx.full else 0)) if stage.last else 0
+    final = ((4 * h + 4 + (a * h if ctx.full else 0)) / parallel.tp + head_input_per_token(ctx)) if stage.last else 0
     mem.add(
         "activations outside the layers (final norm, head input, rotary tables)",
         Category.ACTIVATIONS,

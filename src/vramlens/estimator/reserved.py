@@ -36,6 +36,7 @@ from vramlens.estimator.loss_pattern import LossScript, loss_script
 from vramlens.estimator.quantities import StageMemory
 from vramlens.estimator.step_pattern import step_pattern
 from vramlens.estimator.step_shape import StepShape, step_shape
+from vramlens.estimator.trl_head import fused_head, fused_head_script
 from vramlens.resolve.context import TrainingContext
 from vramlens.workload.options import Framework, Shard
 
@@ -109,6 +110,8 @@ def training_loss_script(ctx: TrainingContext, mem: StageMemory, targets: frozen
     if not mem.stage.last:
         return LossScript(forward=(), backward=())
     spec, tp = ctx.spec, ctx.workload.parallel.tp
+    if (fused := fused_head(ctx)) is not None:
+        return fused_head_script(fused)
     a = model_logits_bytes(ctx)
     chunks = loss_chunks(ctx)
     kept = (4 if fp32_model_outputs(ctx) else a) if ctx.profile.keeps_logits else 0

@@ -105,7 +105,8 @@ def _attention(workload: Workload, profile: FrameworkProfile, spec: ModelSpec, n
     if resolved is AttentionImpl.AUTO:
         resolved = profile.attention
     note = ""
-    transformers_loop = profile.name in (Framework.HF, Framework.PLAIN)  # transformers models: what transformers runs
+    # transformers models: what transformers runs
+    transformers_loop = profile.name in (Framework.HF, Framework.TRL, Framework.PLAIN)
     old_default = workload.attention is AttentionImpl.AUTO and older_than(workload.versions, "sdpa_default")
     if transformers_loop and old_default:
         notes.append(rule_note(workload.versions, "sdpa_default"))

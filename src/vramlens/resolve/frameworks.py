@@ -121,6 +121,28 @@ FRAMEWORKS: dict[Framework, FrameworkProfile] = {
         "QLoRA: peft.prepare_model_for_kbit_training as in PEFT's and transformers' QLoRA guides, the QLoRA "
         "paper's qlora.py and TRL's SFTTrainer up to 0.26 (not under FSDP/ZeRO-3; TRL 0.27+ skips it)",
     ),
+    Framework.TRL: FrameworkProfile(
+        name=Framework.TRL,
+        description="TRL SFTTrainer/DPOTrainer: transformers' Trainer with TRL's fused LM head (chunked log-probs)",
+        optimizer_impl=OptimizerImpl.FUSED,
+        attention=AttentionImpl.SDPA,
+        loss=LossImpl.CHUNKED_LOGPROB,
+        chunked_loss_chunks=8,
+        norm=NormImpl.HF_EAGER,
+        mixed=MixedStyle.AUTOCAST,
+        compiles_loss=False,
+        keeps_logits=False,
+        adapters_fp32=True,
+        fsdp_wrap=FsdpWrap.SPLIT,
+        loss_in_model=True,
+        kbit_prepare=False,
+        source="TRL 1.16: SFTTrainer and DPOTrainer call add_fused_lm_head (trl/trainer/utils.py), so the loss "
+        "is -log_probs from ChunkedLogProbFunction (trl/kernels/chunked_logprob.py; 4096 x 32768 tiles, the "
+        "entropy and is_top1 metrics computed in the same pass; use_liger_kernel no longer fuses the loss) and "
+        "no logits are returned or kept; Trainer's adamw_torch_fused; SFTConfig/DPOConfig default "
+        "gradient_checkpointing=True and bf16=True (the workload says recompute and precision); PEFT "
+        "autocast_adapter_dtype; no prepare_model_for_kbit_training since TRL 0.27",
+    ),
     Framework.PLAIN: FrameworkProfile(
         name=Framework.PLAIN,
         description="a hand-written PyTorch loop over a transformers model: torch defaults, nothing fused",

@@ -39,6 +39,8 @@ class Framework(StrEnum):
     AUTO = "auto"
     """Pick the usual stack for the mode (hf for training, vllm/hf for inference) and say so."""
     HF = "hf"
+    TRL = "trl"
+    """TRL's trainers (SFTTrainer, DPOTrainer): transformers' Trainer with TRL's fused LM head."""
     PLAIN = "plain"
     """A hand-written PyTorch loop over a transformers model (seed 002's): torch's defaults, nothing fused."""
     TORCHTITAN = "torchtitan"
@@ -136,6 +138,9 @@ class LossImpl(StrEnum):
     """Cross-entropy over sequence chunks (torchtune): one chunk of fp32 logits at a time."""
     FUSED_LINEAR = "fused-linear"
     """Fused linear + cross-entropy (Liger, Apple CCE): logits never materialized in full."""
+    CHUNKED_LOGPROB = "chunked-logprob"
+    """TRL's fused LM head (trl/kernels/chunked_logprob.py): per-token log-probabilities over
+    4096-token x 32768-vocabulary tiles; the logits never exist in full."""
 
 
 class Shard(StrEnum):

@@ -78,7 +78,7 @@ HAND_MADE: dict[str, tuple[str, Workload]] = {
     "trl-sft.sh": (
         "trl",
         Workload(
-            model="Qwen/Qwen2.5-7B", framework=Framework.HF, batch=4, grad_accum=4, seq=2048, packing=True,
+            model="Qwen/Qwen2.5-7B", framework=Framework.TRL, batch=4, grad_accum=4, seq=2048, packing=True,
             recompute=Recompute.FULL, optimizer=OptimizerName.ADAMW, optimizer_impl=OptimizerImpl.FUSED,
             precision=Precision.BF16, method=Method.LORA, lora=LoraConfig(rank=32, alpha=16, targets="all-linear"),
             parallel=Parallelism(gpus=2, shard=Shard.DDP), alloc_conf="expandable_segments:True",

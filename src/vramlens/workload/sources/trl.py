@@ -78,9 +78,12 @@ def detect(tokens: list[str]) -> bool:
 def read(tokens: list[str], ctx: ReadContext) -> SourcedWorkload:
     out = MappingBuilder(NAME)
     out.fixed("mode", "train", "a training command")
-    out.fixed("framework", "hf", "transformers Trainer")
     args = parse_command(tokens)
     trl = _is_trl(args, tokens)
+    if trl:
+        out.fixed("framework", "trl", "TRL's trainer: transformers Trainer with TRL's fused LM head")
+    else:
+        out.fixed("framework", "hf", "transformers Trainer")
     out.note(
         "TRL trainer defaults (gradient_checkpointing and bf16 on, trl/trainer/base_config.py)"
         if trl
@@ -93,7 +96,7 @@ def read(tokens: list[str], ctx: ReadContext) -> SourcedWorkload:
     _batch(out, args, tokens, trl=trl)
     _precision(out, args, trl=trl)
     _peft(out, args)
-    _kernels(out, args)
+    _kernels(out, args, trl=trl)
     _sharding(out, args, ctx)
     for name in sorted(set(args.options) & _RELEVANT):
         out.not_modelled(args.spelled[name], " ".join(args.options[name]) or "true")
@@ -231,7 +234,7 @@ def _peft(out: MappingBuilder, args: Arguments) -> None:
         out.set("lora.modules_to_save", args.options["lora_modules_to_save"], args.spelled["lora_modules_to_save"])
 
 
-def _kernels(out: MappingBuilder, args: Arguments) -> None:
+def _kernels(out: MappingBuilder, args: Arguments, *, trl: bool) -> None:
     attention = args.value("attn_implementation")
     if attention:
         if attention in HF_ATTENTION:
@@ -240,7 +243,9 @@ def _kernels(out: MappingBuilder, args: Arguments) -> None:
             out.not_modelled("--attn_implementation", attention)
     if _flag(args, "torch_compile"):
         out.set("compile", True, "--torch_compile", shown=True)
-    if _flag(args, "use_liger_kernel"):
+    if _flag(args, "use_liger_kernel") and trl:
+        out.note("--use_liger_kernel: TRL 1.16 applies Liger's layer kernels only; the loss stays TRL's fused head")
+    elif _flag(args, "use_liger_kernel"):
         out.set("loss", "fused-linear", "--use_liger_kernel", shown=True, why="Liger's fused linear cross-entropy")
 
 
