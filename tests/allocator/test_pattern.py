@@ -76,3 +76,21 @@ def test_a_block_freed_on_one_stream_is_not_reused_by_another() -> None:
     same.temporary(100 * MiB, Stream.REDUCE_SCATTER)
     same.alloc(80 * MiB, Stream.REDUCE_SCATTER)
     assert pattern_peaks(same).reserved_bytes == 100 * MiB
+
+
+def test_sharded_gradients_on_their_stream_keep_a_pool_of_their_own() -> None:
+    # An FSDP-like step by hand: backward frees 100 MiB of activations, then the 30 MiB sharded
+    # gradients are made (reduce-scatter stream), zero_grad frees them, the next forward asks for
+    # 100 MiB of activations again.
+    def step(gradient_stream: int) -> int:
+        p = Pattern()
+        p.temporary(100 * MiB)  # the activations: a 100 MiB segment, cached
+        p.temporary(30 * MiB, gradient_stream)  # the gradients, freed by zero_grad
+        p.alloc(100 * MiB)  # the next forward's activations
+        return pattern_peaks(p).reserved_bytes
+
+    # one stream: the gradients split the cached 100 MiB block, merge back when freed, and the
+    # next activations reuse it whole: 100 MiB. Two streams: the gradients need a 30 MiB segment
+    # of their own, cached for their stream: 100 + 30 MiB.
+    assert step(Stream.DEFAULT) == 100 * MiB
+    assert step(Stream.REDUCE_SCATTER) == 130 * MiB
