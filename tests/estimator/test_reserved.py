@@ -17,7 +17,8 @@ from __future__ import annotations
 import pytest
 
 from vramlens.allocator import AllocatorSettings
-from vramlens.allocator.pattern import pattern_peaks
+from vramlens.allocator.pattern import Pattern, pattern_peaks
+from vramlens.allocator.streams import Stream
 from vramlens.errors import InputError
 from vramlens.estimator import estimate
 from vramlens.estimator.layout import param_layout
@@ -142,3 +143,22 @@ def test_alloc_conf_is_kept_as_written_and_parsed_once() -> None:
     assert settings.expandable_segments and settings.max_split_size_bytes == 512 * MiB
     assert allocator_settings(workload.alloc_conf) is settings
     assert load_workload({"model": "gpt2"}).alloc_conf == ""
+
+
+def test_the_sharded_step_pattern_puts_fsdps_buffers_on_their_streams() -> None:
+    ctx, mem, targets = _parts(WORKLOADS["full fsdp"])
+    shape = step_shape(ctx, mem, targets)
+    assert shape.gather_copy_out  # hf: accelerate's FSDP2
+    pattern = step_pattern(shape, training_loss_script(ctx, mem, targets), layers=shape.layers)
+    made = [(nbytes, stream) for nbytes, _, stream in pattern.events if nbytes > 0]
+    gathered = {nbytes for nbytes, stream in made if stream == Stream.ALL_GATHER}
+    reduced = {nbytes for nbytes, stream in made if stream == Stream.REDUCE_SCATTER}
+    assert gathered == {shape.gather_layer}  # the decoder units' all-gather outputs
+    layer = sum(shape.layer_trained[0])
+    # bf16 reduce (accelerate: reduce_dtype = param_dtype) then the fp32 sharded gradient
+    assert layer * shape.reduce_bytes // shape.grads_sharded in reduced
+    assert shape.grad_stream == Stream.REDUCE_SCATTER
+    # the same requests on one stream hold less: the streams' pools are the slack's main part here
+    one = Pattern()
+    one.events = [(nbytes, key, Stream.DEFAULT) for nbytes, key, _ in pattern.events]
+    assert pattern_peaks(pattern).slack_bytes > pattern_peaks(one).slack_bytes

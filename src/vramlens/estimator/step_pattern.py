@@ -15,6 +15,15 @@ Order follows an eager PyTorch step (transformers' modules, ``loss.backward()``,
   copy of every tensor at once; per-tensor: two copies of one tensor at a time), then the
   gradients are freed.
 
+With sharded parameters each request is made on the stream the code makes it on
+(:mod:`vramlens.allocator.streams`): FSDP2 all-gathers a unit into a flat output on its all-gather
+stream and copies it out into the parameters on the compute stream (in forward the output lives
+until the next unit's copy-out, in backward only until its own, the next unit's all-gather being
+prefetched), keeps one reduce-scatter input on the compute stream, and makes each unit's sharded
+gradient (the reduce-scatter output, or its cast to the parameters' dtype) on the reduce-scatter
+stream; FSDP1 and ZeRO-3 make the gathered unit itself on the all-gather stream. A stream's freed
+blocks serve only that stream's later requests.
+
 Two steps are written (the first creates the optimizer state, the second is the steady state),
 with at most two micro-steps of gradient accumulation each.
 """
@@ -24,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from vramlens.allocator.pattern import Pattern
+from vramlens.allocator.streams import Stream
 from vramlens.estimator.loss_pattern import LossScript
 from vramlens.estimator.runtime import CUBLAS_WORKSPACE_BYTES
 from vramlens.estimator.step_shape import StepShape
@@ -76,9 +86,18 @@ class _Writer:
                 p.alloc(elements * s.param_bytes)
 
     def _grad(self, elements: int) -> None:
-        """A gradient appears; with an optimizer in backward it is stepped and freed at once."""
+        """A gradient appears; with an optimizer in backward it is stepped and freed at once. With
+        sharded parameters it is one unit's flat reduce-scatter output on the reduce-scatter stream,
+        cast to the gradients' dtype on ``grad_stream`` when the reduce dtype differs."""
         s, p = self.shape, self.p
-        key = p.alloc(elements * s.grad_bytes // s.grads_sharded)
+        if s.gather_layer:
+            out = p.alloc(elements * s.reduce_bytes // s.grads_sharded, Stream.REDUCE_SCATTER)
+            key = out
+            if s.reduce_bytes != s.grad_bytes:
+                key = p.alloc(elements * s.grad_bytes // s.grads_sharded, s.grad_stream)
+                p.free(out)
+        else:
+            key = p.alloc(elements * s.grad_bytes // s.grads_sharded)
         if s.in_backward:
             if not self.states_made:
                 for _ in range(s.moments):
@@ -101,8 +120,13 @@ class _Writer:
         hidden = p.alloc(s.hidden)
         gathered: list[int] = [p.alloc(s.gather_edges)]
         cache: list[int] = []
+        output = -1  # FSDP2: the last unit's all-gather output, freed at the next unit's copy-out
         for i in range(self.layers):
-            gathered.append(p.alloc(s.gather_layer))
+            if s.gather_copy_out:
+                new_output = p.alloc(s.gather_layer, Stream.ALL_GATHER)
+                p.free(output)
+                output = new_output
+            gathered.append(p.alloc(s.gather_layer, Stream.DEFAULT if s.gather_copy_out else Stream.ALL_GATHER))
             working = [p.alloc(piece) for piece in _pieces(s.forward_working, s.hidden)]
             casts = [p.alloc(c) for c in s.casts]
             layer = [p.alloc(nbytes) for nbytes in s.saved[self._kind(i)]]
@@ -111,11 +135,14 @@ class _Writer:
             new_hidden = p.alloc(s.hidden)
             p.free(hidden)
             hidden = new_hidden
-            if len(gathered) > 2:
+            if s.gather_copy_out:
+                p.free(gathered.pop())  # resharded after its forward
+            elif len(gathered) > 2:
                 p.free(gathered.pop(1))
             (layer if s.casts_kept else cache).extend(casts)
             out.kept.append(layer)
         p.free_all(gathered[1:])
+        p.free(output)  # the root's post-forward frees the last all-gather output
         out.at_end += [hidden, p.alloc(s.non_layer), gathered[0]]
         out.head = [p.alloc(s.head_cast)]
         self._script(self.loss.forward, out.names)
@@ -131,12 +158,26 @@ class _Writer:
             self._grad(s.edge_trained[-1])
         self._script((("-", "dlogits", 0),), out.names)
         p.free_all(out.head)
+        reduce_input = -1  # FSDP2 keeps one unit's reduce-scatter input until the next unit's
+        output = p.alloc(s.gather_layer, Stream.ALL_GATHER) if s.gather_copy_out else -1
         for i in reversed(range(self.layers)):
-            gathered = [p.alloc(s.gather_layer), p.alloc(s.gather_layer_grads)]
+            if s.gather_copy_out:  # copy-out, then the output is freed and the next unit prefetched
+                gathered = [p.alloc(s.gather_layer)]
+                p.free(output)
+                output = p.alloc(s.gather_layer, Stream.ALL_GATHER) if i else -1
+            else:
+                gathered = [p.alloc(s.gather_layer, Stream.ALL_GATHER)]
+            gathered.append(p.alloc(s.gather_layer_grads))
             recomputed = [p.alloc(nbytes) for nbytes in s.recomputed]
             working = [p.alloc(piece) for piece in _pieces(s.working, s.hidden)]
             p.temporary(s.dequant)
-            if grads:
+            if grads and s.gather_copy_out:
+                p.free(reduce_input)
+                trained = s.layer_trained[self._kind(i)]
+                reduce_input = p.alloc(sum(trained) * s.reduce_bytes)
+                p.free(gathered.pop())  # the unsharded gradients, copied into the reduce-scatter input
+                self._grad(sum(trained))
+            elif grads:
                 for elements in s.layer_trained[self._kind(i)]:
                     self._grad(elements)
             p.free_all(out.kept[i])
@@ -146,6 +187,7 @@ class _Writer:
             dhidden = new_dhidden
             p.free_all(working)
             p.free_all(gathered)
+        p.free(reduce_input)
         if grads and s.embedding_trained:
             self._grad(s.edge_trained[0])
         for name in list(out.names):

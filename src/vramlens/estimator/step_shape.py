@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from vramlens.estimator.fsdp import units
+from vramlens.allocator.streams import Stream
+from vramlens.estimator.fsdp import resolved_wrap, units
 from vramlens.estimator.layout import EMBED_NAMES, StageView
 from vramlens.estimator.optimizers import optimizer_model
 from vramlens.estimator.quantities import StageMemory
@@ -26,7 +27,7 @@ from vramlens.model.params import norm_parameters
 from vramlens.model.spec import LayerKind
 from vramlens.resolve._memo import memo
 from vramlens.resolve.context import TrainingContext
-from vramlens.workload.options import OptimizerImpl, Recompute, Shard
+from vramlens.workload.options import FsdpWrap, OptimizerImpl, Recompute, Shard
 
 __all__ = ["StepShape", "step_shape"]
 
@@ -79,6 +80,14 @@ class StepShape:
     gather_edges: int
     gather_layer: int
     gather_layer_grads: int
+    gather_copy_out: bool
+    """FSDP2 (``FrameworkProfile.fsdp2`` or the ``split`` wrapping): a unit's all-gather output
+    (all-gather stream) is copied out into its parameters on the compute stream; else (FSDP1,
+    ZeRO-3) the gathered unit itself is made on the all-gather stream."""
+    reduce_bytes: int
+    """Bytes per element of the reduce-scatter's input and output (FSDP's ``reduce_dtype``)."""
+    grad_stream: int
+    """Stream the sharded gradients are made on (:class:`~vramlens.allocator.streams.Stream`)."""
     grads_sharded: int
     states_sharded: int
     in_backward: bool
@@ -214,6 +223,10 @@ def step_shape(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str], 
         gather_edges=gather_edges,
         gather_layer=gather_layer,
         gather_layer_grads=gather_grads,
+        gather_copy_out=parallel.shard in (Shard.FSDP, Shard.HSDP)
+        and (ctx.profile.fsdp2 or resolved_wrap(ctx) is FsdpWrap.SPLIT),
+        reduce_bytes=4 if ctx.profile.fsdp_reduce_fp32 else a,
+        grad_stream=Stream.ALL_REDUCE if parallel.shard is Shard.HSDP else Stream.REDUCE_SCATTER,
         grads_sharded=ctx.shard_group if parallel.shard in _GRAD_SHARDED else 1,
         states_sharded=ctx.shard_group if parallel.shard in _STATE_SHARDED else 1,
         in_backward=ctx.in_backward_step,
