@@ -99,6 +99,8 @@ class TrainingSlack:
     """Closed-form slack of the decoder layers' churn."""
     spread_bytes: int
     """How far above ``layers_bytes`` the replays' upper quartile goes (the reserved margin)."""
+    replayed: bool = False
+    """The whole step was replayed (sharded parameters): ``layers_bytes`` is that replay's slack."""
 
     @property
     def total_bytes(self) -> int:
@@ -167,21 +169,34 @@ def _layer_gradients(ctx: TrainingContext, mem: StageMemory, edges: StepShape) -
     return max(0, elements) * edges.grad_bytes // edges.grads_sharded
 
 
+@lru_cache(maxsize=256)
+def _step_slack(shape: StepShape, loss: LossScript, micro_steps: int, settings: AllocatorSettings) -> int:
+    return max(0, replayed_slack(shape, loss, layers=shape.layers, micro_steps=micro_steps, settings=settings))
+
+
 def training_slack(
     ctx: TrainingContext, mem: StageMemory, targets: frozenset[str], settings: AllocatorSettings
 ) -> TrainingSlack:
-    """Allocator slack of one stage's step (see the module docstring)."""
-    edges = step_shape(ctx, mem, targets, layers=False)
-    vocabulary = _vocabulary_slack(
-        edges, training_loss_script(ctx, mem, targets), min(ctx.workload.grad_accum, 2), settings
-    )
+    """Allocator slack of one stage's step (see the module docstring). With sharded parameters
+    (FSDP, HSDP, ZeRO-3) the whole step is replayed, every layer: its collective buffers sit in
+    their streams' pools (:mod:`vramlens.allocator.streams`), each pool's segments reach that
+    stream's own peak at its own instant and the pools add up, which no fraction of the churn
+    represents (``layers_bytes`` is then that replay's slack, ``vocabulary_bytes`` 0)."""
+    micro_steps = min(ctx.workload.grad_accum, 2)
+    loss = training_loss_script(ctx, mem, targets)
     sharded = ctx.workload.parallel.shard in (Shard.FSDP, Shard.HSDP, Shard.ZERO3)
     key = (settings.expandable_segments, sharded)
     churn = layer_churn(mem)
+    spread = int(LAYER_SLACK_SPREAD[key] * sum(churn))
+    if sharded:
+        whole = _step_slack(step_shape(ctx, mem, targets), loss, micro_steps, settings)
+        return TrainingSlack(vocabulary_bytes=0, layers_bytes=whole, spread_bytes=spread, replayed=True)
+    edges = step_shape(ctx, mem, targets, layers=False)
+    vocabulary = _vocabulary_slack(edges, loss, micro_steps, settings)
     return TrainingSlack(
         vocabulary_bytes=max(0, vocabulary - _layer_gradients(ctx, mem, edges)),
         layers_bytes=int(sum(f * c for f, c in zip(LAYER_SLACK_FRACTION[key], churn, strict=True))),
-        spread_bytes=int(LAYER_SLACK_SPREAD[key] * sum(churn)),
+        spread_bytes=spread,
     )
 
 
