@@ -177,21 +177,23 @@ def _step_slack(shape: StepShape, loss: LossScript, micro_steps: int, settings: 
 def training_slack(
     ctx: TrainingContext, mem: StageMemory, targets: frozenset[str], settings: AllocatorSettings
 ) -> TrainingSlack:
-    """Allocator slack of one stage's step (see the module docstring). With sharded parameters
-    (FSDP, HSDP, ZeRO-3) the whole step is replayed, every layer: its collective buffers sit in
+    """Allocator slack of one stage's step (see the module docstring). With parameters sharded
+    by FSDP2 (FSDP, HSDP) the whole step is replayed, every layer: its collective buffers sit in
     their streams' pools (:mod:`vramlens.allocator.streams`), each pool's segments reach that
     stream's own peak at its own instant and the pools add up, which no fraction of the churn
-    represents (``layers_bytes`` is then that replay's slack, ``vocabulary_bytes`` 0)."""
+    represents (``layers_bytes`` is then that replay's slack, ``vocabulary_bytes`` 0). FSDP2's pattern
+    is written buffer by buffer from its code and checked against the simulator's replay
+    (``tests/simulator/test_distributed.py``); FSDP1 and ZeRO-3 keep the closed form."""
     micro_steps = min(ctx.workload.grad_accum, 2)
     loss = training_loss_script(ctx, mem, targets)
     sharded = ctx.workload.parallel.shard in (Shard.FSDP, Shard.HSDP, Shard.ZERO3)
     key = (settings.expandable_segments, sharded)
     churn = layer_churn(mem)
     spread = int(LAYER_SLACK_SPREAD[key] * sum(churn))
-    if sharded:
+    edges = step_shape(ctx, mem, targets, layers=False)
+    if edges.gather_copy_out:
         whole = _step_slack(step_shape(ctx, mem, targets), loss, micro_steps, settings)
         return TrainingSlack(vocabulary_bytes=0, layers_bytes=whole, spread_bytes=spread, replayed=True)
-    edges = step_shape(ctx, mem, targets, layers=False)
     vocabulary = _vocabulary_slack(edges, loss, micro_steps, settings)
     return TrainingSlack(
         vocabulary_bytes=max(0, vocabulary - _layer_gradients(ctx, mem, edges)),

@@ -64,6 +64,8 @@ class _Writer:
         self.held = -1  # FSDP2: the all-gather output kept for the next copy-out
         self.tail: list[int] = []  # FSDP2: the tail unit's parameters, gathered from forward into backward
         self.reduce_input = -1  # FSDP2: the last reduce-scatter input (one kept)
+        self.micro = 0
+        self.accumulated: dict[int, list[int]] = {}  # FSDP2 without sync: unsharded gradients by unit
 
     def _kind(self, layer: int) -> int:
         return layer % len(self.shape.saved)
@@ -193,11 +195,19 @@ class _Writer:
         p.free_all(cache)  # the autocast cache is cleared when the forward's autocast region exits
         return out
 
-    def _reduce(self, unsharded: list[int], elements: int) -> None:
+    def _reduce(self, unsharded: list[int], elements: int, unit: int = -1) -> None:
         """FSDP2's post-backward reduce of one unit: the previous unit's reduce-scatter input
         freed (``reduce_scatter_states``, one kept), this unit's made on the compute stream, the
-        unsharded gradients freed, the sharded gradient made on the reduce-scatter stream."""
+        unsharded gradients freed, the sharded gradient made on the reduce-scatter stream. Under
+        gradient accumulation without sync (``no_sync``) the first micro-step keeps the unsharded
+        gradients instead, and the last adds its own into them (in place) before reducing."""
         p, s = self.p, self.shape
+        if s.no_sync and self.micro == 0:
+            self.accumulated[unit] = unsharded
+            return
+        if s.no_sync:
+            p.free_all(unsharded)
+            unsharded = self.accumulated.pop(unit, [])
         p.free(self.reduce_input)
         self.reduce_input = p.alloc(elements * s.reduce_bytes)
         p.free_all(unsharded)
@@ -222,8 +232,7 @@ class _Writer:
             if not s.tied:
                 p.free_all(self.tail)
                 if grads and s.head_trained:
-                    self._reduce([head_grad], s.edge_trained[-1] + s.tail_norm)
-                p.free(head_grad)
+                    self._reduce([head_grad], s.edge_trained[-1] + s.tail_norm, self.layers + 1)
         for i in reversed(range(self.layers)):
             if copy_out:  # copy-out, the output freed, the next unit (or the embedding) prefetched
                 gathered = self._prefetched(s.gather_layer, s.unsharded_layer[self._kind(i)])
@@ -237,7 +246,7 @@ class _Writer:
             p.temporary(s.dequant)
             if grads and copy_out:
                 p.free_all(gathered)  # resharded after backward, before the reduce
-                self._reduce(unsharded, sum(s.layer_trained[self._kind(i)]))
+                self._reduce(unsharded, sum(s.layer_trained[self._kind(i)]), i)
             elif grads:
                 for elements in s.layer_trained[self._kind(i)]:
                     self._grad(elements)
@@ -268,7 +277,7 @@ class _Writer:
             grad = p.alloc(s.edge_trained[0] * s.unsharded_bytes) if trained else -1
             p.free_all(params)
             if trained:
-                self._reduce([grad], s.edge_trained[0])
+                self._reduce([grad], s.edge_trained[0], self.layers)
         elif s.tied:
             p.free(self.held)
             self.held = -1
@@ -277,7 +286,7 @@ class _Writer:
             p.free_all([head_grad, grad])
             p.free_all(self.tail)
             if trained:
-                self._reduce([total], s.edge_trained[-1] + s.tail_norm)
+                self._reduce([total], s.edge_trained[-1] + s.tail_norm, self.layers + 1)
         p.free(self.held)
         self.held = -1
         p.free(self.reduce_input)
@@ -321,6 +330,7 @@ def step_pattern(shape: StepShape, loss: LossScript, *, layers: int, micro_steps
     writer.load()
     for _ in range(2):
         for micro in range(min(micro_steps, 2)):
-            writer.backward(writer.forward(), grads=micro == 0)
+            writer.micro = micro
+            writer.backward(writer.forward(), grads=micro == 0 or shape.no_sync)
         writer.optimizer()
     return writer.p

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vramlens.allocator.streams import Stream
-from vramlens.estimator.fsdp import resolved_wrap, units
+from vramlens.estimator.fsdp import accumulates_unsharded, resolved_wrap, units
 from vramlens.estimator.layout import EMBED_NAMES, StageView
 from vramlens.estimator.optimizers import optimizer_model
 from vramlens.estimator.quantities import StageMemory
@@ -97,6 +97,8 @@ class StepShape:
     """FSDP2: the embedding is tied to the head, in the tail unit."""
     unsharded_bytes: int
     """Bytes per element of unsharded parameters and their gradients (FSDP's ``param_dtype``)."""
+    no_sync: bool
+    """FSDP2 under a trainer that accumulates micro-steps without gradient sync (unsharded gradients kept)."""
     loss_in_model: bool
     """The loss runs inside the model's forward (HF), before the root's post-forward."""
     gather_copy_out: bool
@@ -254,6 +256,7 @@ def step_shape(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str], 
         tail_norm=spec.hidden_size if copy_out and gather_tail and ctx.full else 0,
         tied=copy_out and spec.tie_word_embeddings and stage.first and stage.last,
         unsharded_bytes=a,
+        no_sync=copy_out and accumulates_unsharded(ctx),
         loss_in_model=ctx.profile.loss_in_model,
         gather_copy_out=copy_out,
         reduce_bytes=4 if ctx.profile.fsdp_reduce_fp32 else a,
