@@ -1,8 +1,15 @@
 """Speed and memory of reading a large PyTorch memory snapshot and summarising it.
 
-Run: ``python benchmarks/snapshot_read.py [--events 1000000] [--file PATH] [--keep]``. Prints
-figures; it is not a pass/fail test. Target (issue 6): read + summarise 10**6 events in at
-most 5 s and 2 GiB of resident memory.
+Run: ``python benchmarks/snapshot_read.py [--events 1000000] [--file PATH] [--keep] [--rounds 3]``.
+Prints figures and ratios; it is not a pass/fail test. Target (issue 23, item 5): reading a
+10**6-event snapshot safely and summarising it, ``vramlens view FILE --format json`` as a whole
+process, no slower than a plain, unsafe ``pickle.load`` of the same file (a fresh process that
+only loads it), measured in the same run, and at most 1 GiB of resident memory. The two
+processes alternate for ``--rounds`` rounds; the wall time, CPU time (user + system) and peak
+RSS of each child come from ``os.wait4``; the medians and the ratios are printed (CPU time is
+the steadier figure on a loaded machine).
+
+The stage breakdown below (the older measurement, issue 6: at most 5 s and 2 GiB) runs after it.
 
 A synthetic 2.1+ snapshot pickle is generated first (``tests/snapshot/layouts.py``
 ``synthetic_snapshot``: ~5 frames per stack from 300 distinct stacks shared through the pickle
@@ -17,8 +24,10 @@ the 10 largest allocations live at the peak with their stacks.
 from __future__ import annotations
 
 import argparse
+import os
 import pickle
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -85,23 +94,60 @@ def measure(path: Path) -> None:
     print(f"TOTAL read + summarise: {done - start:.2f} s; peak RSS {rss:.2f} GiB")
 
 
+_PLAIN_LOAD = "import pickle, sys\nwith open(sys.argv[1], 'rb') as f:\n    pickle.load(f)\n"
+
+
+def child(argv: list[str]) -> tuple[float, float, float]:
+    """(wall s, CPU s, peak RSS GiB) of one child process running ``argv`` (output discarded)."""
+    start = time.perf_counter()
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(process.pid, 0)
+    wall = time.perf_counter() - start
+    if status != 0:
+        raise SystemExit(f"{argv[:4]} failed: {process.stderr.read().decode() if process.stderr else ''}")
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 2**20  # ru_maxrss: KiB on Linux
+
+
+def compare(path: Path, rounds: int) -> None:
+    """``vramlens view PATH --format json`` against a plain ``pickle.load`` of PATH, alternating."""
+    sides = {
+        "plain pickle.load (unsafe)": [sys.executable, "-c", _PLAIN_LOAD, str(path)],
+        "vramlens view --format json (safe)": [sys.executable, "-m", "vramlens", "view", str(path), "--format", "json"],
+    }
+    runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in sides}
+    for _ in range(rounds):
+        for name, argv in sides.items():
+            runs[name].append(child(argv))
+    base_wall, base_cpu, _ = (
+        statistics.median(column) for column in zip(*runs["plain pickle.load (unsafe)"], strict=True)
+    )
+    print(f"{rounds} alternating rounds, medians (target: view <= 1.0x pickle.load, <= 1 GiB RSS)")
+    print(f"{'':36s} {'wall s':>8s} {'cpu s':>8s} {'RSS GiB':>8s} {'wall x':>7s} {'cpu x':>7s}")
+    for name, values in runs.items():
+        wall, cpu, rss = (statistics.median(column) for column in zip(*values, strict=True))
+        print(f"{name:36s} {wall:8.2f} {cpu:8.2f} {rss:8.2f} {wall / base_wall:7.2f} {cpu / base_cpu:7.2f}")
+
+
 def main() -> None:
-    """Parse the arguments, generate the snapshot if needed, then measure in a fresh process."""
+    """Parse the arguments, generate the snapshot if needed, then measure in fresh processes."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--file", type=Path, default=None, help="an existing snapshot (else one is generated)")
     parser.add_argument("--keep", action="store_true", help="keep the generated file")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of view and pickle.load")
     parser.add_argument("--measure", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure is not None:
         measure(args.measure)
         return
     if args.file is not None:
+        compare(args.file, args.rounds)
         subprocess.run([sys.executable, __file__, "--measure", str(args.file)], check=True)
         return
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / f"snapshot_{args.events}.pickle"
         generate(args.events, path)
+        compare(path, args.rounds)
         subprocess.run([sys.executable, __file__, "--measure", str(path)], check=True)
         if args.keep:
             kept = Path(tempfile.gettempdir()) / path.name

@@ -1,8 +1,25 @@
-"""Estimates per second of the analytic training estimator on one core.
+"""Estimates per second of the analytic training estimator on one core, beside llm-analysis.
 
-Run: ``python benchmarks/speed.py [--seconds 3]``. Prints figures; it is not a pass/fail test.
-The issue's target is >= 10,000 estimates/s for a 70B ZeRO-3 LoRA workload (llm-analysis,
-the fastest peer, does about 4,600 here). Three measurements:
+Run: ``python benchmarks/speed.py [--seconds 3] [--llm-analysis-python PATH] [--rounds 3]``.
+Prints figures and ratios; it is not a pass/fail test.
+
+The yardstick (issue 23, item 5): on a 70B ZeRO-3 LoRA workload, at least 4x the rate of
+llm-analysis 0.2.2's ``LLMAnalysis(...).training(...)`` on the same machine in the same run.
+llm-analysis pins ``transformers<5``, so it runs in its own venv
+(``python -m venv /work/bench-venv && /work/bench-venv/bin/pip install llm-analysis==0.2.2``),
+named by ``--llm-analysis-python``; a subprocess there calls it in a loop and prints its rate.
+Both sides run the same sweep of distinct workloads, one per call in turn: batch 1, 2, 4, 8
+x seq 1024, 2048, 4096 (12 workloads), full recomputation, ZeRO-3, bf16, one core. vramlens
+computes ``llama-3-70b`` with LoRA (rank 16, all linear layers) on 8 A100-80GB; llm-analysis
+has no LoRA and refuses a full fine-tune of 70B on 8 GPUs (its states do not fit), so it
+computes the same model shape (``upstage_Llama-2-70b-instruct-v2``) as a full fine-tune over
+32 ranks: the same formulas run whatever the rank count. Cached on vramlens's side: the
+resolved model (as a planner holds it) and the per-model pieces the estimator memoises; each
+call rebuilds the report for its workload (``estimate`` keeps no cache of whole reports).
+llm-analysis builds a new ``LLMAnalysis`` per call from configs loaded once. Rounds alternate
+(llm-analysis, vramlens, ...); medians and the ratio are printed.
+
+Three more measurements of vramlens alone:
 
 * ``repeat``: the same workload again and again (what a UI re-rendering a report costs);
 * ``sweep``: a planner-like sweep over batch and sequence length on one resolved model
@@ -18,6 +35,8 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import statistics
+import subprocess
 import time
 from collections.abc import Callable
 
@@ -49,12 +68,75 @@ def rate(func: Callable[[int], object], seconds: float) -> float:
     return calls / (time.perf_counter() - start)
 
 
+#: The sweep both sides run, one workload per call in turn.
+GRID = tuple(itertools.product((1, 2, 4, 8), (1024, 2048, 4096)))
+
+#: llm-analysis's loop (run by the bench-venv interpreter; argv: seconds).
+_LLM_ANALYSIS_LOOP = """
+import itertools, logging, sys, time
+from llm_analysis.analysis import ActivationRecomputation, DSZeRO, LLMAnalysis
+from llm_analysis.config import ParallelismConfig, get_dtype_config_by_name, get_gpu_config_by_name
+from llm_analysis.config import get_model_config_by_name
+from llm_analysis.logger import logger
+logger.setLevel(logging.CRITICAL)
+model = get_model_config_by_name("upstage_Llama-2-70b-instruct-v2")
+gpu, dtype = get_gpu_config_by_name("a100-sxm-80gb"), get_dtype_config_by_name("w16a16e16")
+parallel = ParallelismConfig(dp_size=32)
+grid = %r
+def one(i):
+    batch, seq = grid[i %% len(grid)]
+    return LLMAnalysis(model, gpu, dtype, parallel).training(
+        batch_size_per_gpu=batch, seq_len=seq,
+        activation_recomputation=ActivationRecomputation.FULL, ds_zero=DSZeRO.STAGE_3,
+    )
+for i in range(len(grid)):
+    one(i)
+calls, start = 0, time.perf_counter()
+while time.perf_counter() - start < float(sys.argv[1]):
+    for _ in range(50):
+        one(calls)
+        calls += 1
+print(calls / (time.perf_counter() - start))
+"""
+
+
+def llm_analysis_rate(python: str, seconds: float) -> float:
+    """llm-analysis's training estimates per second over the sweep (a subprocess in its venv)."""
+    done = subprocess.run(
+        [python, "-c", _LLM_ANALYSIS_LOOP % (GRID,), str(seconds)], capture_output=True, text=True, check=True
+    )
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def compare(python: str, seconds: float, rounds: int) -> None:
+    """Alternate rounds of llm-analysis and vramlens on the sweep; print the medians and the ratio."""
+    spec = load_model("llama-3-70b")
+    workloads = [load_workload({**WORKLOAD, "model": spec, "batch": b, "seq": s, "gpu": "a100-80gb"}) for b, s in GRID]
+    for workload in workloads:
+        estimate(workload)  # the per-model memo is warm, as in a planner's sweep
+    theirs, ours = [], []
+    for _ in range(rounds):
+        theirs.append(llm_analysis_rate(python, seconds))
+        ours.append(rate(lambda i: estimate(workloads[i % len(workloads)]), seconds))
+    them, us = statistics.median(theirs), statistics.median(ours)
+    print(f"70B ZeRO-3 sweep ({len(GRID)} distinct batch x seq workloads), {rounds} alternating rounds, medians")
+    print(f"{'llm-analysis 0.2.2 training()':48s} {them:10,.0f} /s   {1e6 / them:8.1f} us each")
+    print(f"{'vramlens estimate() (LoRA)':48s} {us:10,.0f} /s   {1e6 / us:8.1f} us each")
+    print(f"ratio vramlens / llm-analysis: {us / them:.2f}x (target >= 4x)")
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=3.0)
-    seconds = parser.parse_args().seconds
+    parser.add_argument("--llm-analysis-python", default=None, help="interpreter of a venv with llm-analysis==0.2.2")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    seconds = args.seconds
     if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one core
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one core (the subprocess inherits it)
+    if args.llm_analysis_python:
+        compare(args.llm_analysis_python, seconds, args.rounds)
+        return
     spec = load_model("llama-3-70b")
     workload = load_workload({**WORKLOAD, "model": spec})
     sweep = [

@@ -24,7 +24,7 @@ import json
 import math
 import re
 import reprlib
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from vramlens.errors import InputError, VramlensError
 
@@ -50,6 +50,8 @@ _BRIEF_STRING: Final = 60
 #: Integers with more bits than this are described, not printed (str() refuses 4,300+ digits).
 _BRIEF_INT_BITS: Final = 256
 _CONTAINER_TYPES: Final = frozenset({dict, list, tuple, set, frozenset})
+#: Dict children :func:`check_tree` counts at once when it can (see ``_TreeCheck._bulk``).
+_BULK: Final = 256
 
 
 def abridge(text: str, limit: int = 200) -> str:
@@ -184,15 +186,44 @@ class _TreeCheck:
         children, count = _children(node)
         self.keep.append(node)
         self.on_path.add(id(node))
-        return [node, children, 0, 1 + count, 0]
+        return [node, children, 0, 1 + count, 0, 0]
+
+    def _bulk(self, chunk: list[Any]) -> tuple[int, int] | None:
+        """``(values added, tallest height)`` of a run of children that are all dicts whose
+        container values are all known (a snapshot's trace entries and their shared frame
+        lists), counted in C-level passes; None when the run needs the walk one by one (another
+        type, or a value not yet visited: also every value on the current path, so a cycle is
+        never missed). The same sums as the walk: each dict adds its ``2 * len`` keys and values
+        and each known container value its expanded size less the one place already counted."""
+        if set(map(type, chunk)) != {dict}:
+            return None
+        values = [value for entry in chunk for value in entry.values() if type(value) in _CONTAINER_TYPES]
+        found = list(map(self.done.get, map(id, values)))
+        if None in found:
+            return None
+        seen = cast("list[tuple[int, int]]", found)
+        added = 2 * sum(map(len, chunk)) + sum(item[0] for item in seen) - len(seen)
+        return added, 1 + max((item[1] for item in seen), default=0)
 
     def _advance(self, frame: list[Any]) -> Any:
         """Add the frame's children that are known, or hold only known containers, to its
-        counts; the first child that must be visited first, or None when all are counted."""
+        counts; the first child that must be visited first, or None when all are counted.
+        Runs of :data:`_BULK` dict children go through :meth:`_bulk` when they can; a run that
+        cannot is walked one by one (``frame[5]``: where the next bulk attempt may start)."""
         children, done, on_path = frame[1], self.done, self.on_path
         index, total, tallest = frame[2], frame[3], frame[4]
         pending = None
         while index < len(children):
+            if index >= frame[5] and type(children[index]) is dict:
+                chunk = children[index : index + _BULK]
+                bulk = self._bulk(chunk)
+                if bulk is None:
+                    frame[5] = index + len(chunk)
+                else:
+                    index, total, tallest = index + len(chunk), total + bulk[0], max(tallest, bulk[1])
+                    if total > self.max_values:
+                        raise self._too_many()
+                    continue
             child = children[index]
             seen = done.get(id(child))
             if seen is None:
@@ -211,12 +242,15 @@ class _TreeCheck:
             total += seen[0] - 1
             tallest = max(tallest, seen[1])
             if total > self.max_values:
-                raise self.fail(
-                    f"shared references expand to more than {self.max_values:,} values "
-                    "(a 'billion laughs' document); vramlens reads plain data"
-                )
+                raise self._too_many()
         frame[2], frame[3], frame[4] = index, total, tallest
         return pending
+
+    def _too_many(self) -> VramlensError:
+        return self.fail(
+            f"shared references expand to more than {self.max_values:,} values "
+            "(a 'billion laughs' document); vramlens reads plain data"
+        )
 
 
 class _NotFinite(ValueError):

@@ -286,25 +286,31 @@ def test_estimate_does_not_import_torch_and_prints_the_same_json() -> None:
     assert json.loads(result.stdout) == estimate({"model": MODEL}).to_dict()
 
 
-def test_explain_adds_every_term_and_formula(capsys: pytest.CaptureFixture[str]) -> None:
+def test_explain_lists_the_terms_that_make_each_level_and_their_sums(capsys: pytest.CaptureFixture[str]) -> None:
     report = estimate({"model": MODEL})
-    assert report.terms
+    terms = report.peak_terms("device")
+    assert terms
     status, plain, _ = run(["estimate", MODEL], capsys)
-    assert status == 0 and "how each term was computed" not in plain
+    assert status == 0 and "what makes the peak" not in plain
     status, table, _ = run(["estimate", MODEL, "--explain"], capsys)
-    assert status == 0 and "how each term was computed" in table
+    assert status == 0 and "what makes the peak" in table
     # the table wraps long cells across lines, so check that every word of every term is there
     words = set(table.split())
-    for term in report.terms:
+    for term in terms:
         assert set(term.name.split()) <= words and set(term.formula.split()) <= words, term.name
         assert format_bytes(term.bytes) in table
+    for level in ("allocated", "reserved", "device"):
+        assert re.search(rf"= {level} peak\s+{re.escape(format_bytes(report.level_bytes(level)))}", table), level
     status, markdown, _ = run(["estimate", MODEL, "--format", "markdown", "--explain"], capsys)
     lines = markdown.splitlines()
-    assert status == 0 and "| term | memory | formula |" in lines
-    for term in report.terms:
-        assert f"| {term.name} | {format_bytes(term.bytes)} | {term.formula} |" in lines
+    assert status == 0 and "| term | memory | alive | formula |" in lines
+    for term in terms:
+        assert f"| {term.name} | {format_bytes(term.bytes)} | {term.alive} | {term.formula} |" in lines
+    for level in ("allocated", "reserved", "device"):
+        total = f"| **= {level} peak** | {format_bytes(report.level_bytes(level))} |  | the sum of the terms above |"
+        assert total in lines
     status, markdown, _ = run(["estimate", MODEL, "--format", "markdown"], capsys)
-    assert "| term | memory | formula |" not in markdown.splitlines()
+    assert "| term | memory | alive | formula |" not in markdown.splitlines()
 
 
 #: Every enumerated value of WORKLOAD.md, by flag: these must keep working (maybe refused in context, never unknown).

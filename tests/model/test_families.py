@@ -25,6 +25,21 @@ def test_every_required_model_type_has_a_parser_and_a_test_config() -> None:
     assert tested >= REQUIRED_TYPES
 
 
+def test_the_lazy_family_table_names_exactly_what_the_modules_register() -> None:
+    """``_FAMILY_MODULES`` (model_type -> module, imported on first use) must match the
+    ``@register`` calls: a type in the table whose module does not register it, or a registered
+    type missing from the table, fails here."""
+    import importlib
+    import pkgutil
+
+    from vramlens.model import families
+
+    for module in pkgutil.iter_modules(families.__path__):
+        importlib.import_module(f"{families.__name__}.{module.name}")
+    registered = {model_type: parser.__module__.rsplit(".", 1)[-1] for model_type, parser in families._PARSERS.items()}
+    assert registered == families._FAMILY_MODULES
+
+
 @pytest.mark.parametrize("key", sorted(FAMILY_CONFIGS))
 def test_family_configs_parse(key: str) -> None:
     spec = parse_config(FAMILY_CONFIGS[key], source=key)

@@ -164,7 +164,7 @@ def test_explain_adds_the_terms_in_both_views() -> None:
     report = toy_report()
     assert "2 GiB x 2 layers" not in render(report) and "2 GiB x 2 layers" not in markdown_report(report)
     assert re.search(r"^\s*activations\s+4\.00 GiB\s+2 GiB x 2 layers\s*$", render(report, explain=True), re.M)
-    assert "| activations | 4.00 GiB | 2 GiB x 2 layers |" in markdown_report(report, explain=True).splitlines()
+    assert "| activations | 4.00 GiB |  | 2 GiB x 2 layers |" in markdown_report(report, explain=True).splitlines()
 
 
 def test_print_report_writes_to_stdout(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:

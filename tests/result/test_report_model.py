@@ -173,18 +173,25 @@ def test_term_formula_is_computed_only_when_asked() -> None:
     term = Term(name="toy", category=Category.TEMPORARY, bytes=6, explain=explain)
     report = hand_report(terms=(term,))
     assert calls == []
-    assert report.to_dict()["terms"] == [{"name": "toy", "category": "temporary", "bytes": 6, "formula": "2 x 3 B"}]
+    assert report.to_dict()["terms"] == [
+        {"name": "toy", "category": "temporary", "bytes": 6, "formula": "2 x 3 B", "alive": ""}
+    ]
     assert calls == [1]
     assert Term(name="t", category=Category.OTHER, bytes=1, explain="fixed").formula == "fixed"
 
 
 def test_terms_of_an_estimate_name_valid_categories() -> None:
-    terms = estimate(WORKLOADS["lora"]).to_dict()["terms"]
-    assert terms
-    for term in terms:
-        assert set(term) == {"name", "category", "bytes", "formula"}
+    data = estimate(WORKLOADS["lora"]).to_dict()
+    peak = data["peak_terms"]
+    assert data["terms"] and set(peak) == {"allocated", "allocator", "runtime"}
+    for term in [*data["terms"], *peak["allocated"], *peak["allocator"], *peak["runtime"]]:
+        assert set(term) == {"name", "category", "bytes", "formula", "alive"}
         assert term["category"] in {c.value for c in Category} and is_int(term["bytes"]) and term["bytes"] >= 0
-        assert isinstance(term["formula"], str) and term["formula"]
+        assert isinstance(term["formula"], str) and term["formula"] and term["alive"]
+    levels = data["peak"]
+    assert sum(term["bytes"] for term in peak["allocated"]) == levels["allocated_bytes"]
+    assert sum(term["bytes"] for term in peak["allocator"]) == levels["reserved_bytes"] - levels["allocated_bytes"]
+    assert sum(term["bytes"] for term in peak["runtime"]) == levels["device_bytes"] - levels["reserved_bytes"]
 
 
 def test_an_unknown_device_level_is_null_in_the_json() -> None:

@@ -365,7 +365,7 @@ def test_a_tiny_llama_with_lora_and_checkpointing_is_inferred_back(torch_frames:
     """Recomputed activations (non-reentrant checkpointing), frozen base weights, LoRA adapters."""
     import warnings
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "estimate"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "estimator"))
     from hf_step import TINY_LLAMA
 
     import vramlens

@@ -440,7 +440,7 @@ def _tiny_llama_step(dtype_name: str, checkpointing: bool, lora: bool) -> tuple[
     """A tiny Llama, its AdamW and a batch, the same on every call (seeded)."""
     import transformers
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "estimate"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "estimator"))
     from hf_step import TINY_LLAMA
 
     config = dict(TINY_LLAMA)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from typing import Protocol
 
 from vramlens.categories import Category
 from vramlens.estimator.layout import StageView
@@ -46,6 +47,7 @@ __all__ = [
 ]
 
 _PARAM_SHARDED = {Shard.ZERO3, Shard.FSDP, Shard.HSDP}
+_WHOLE_STEP = "whole step"
 #: Frameworks whose trainer skips the gradient reduce-scatter on all but the last micro-step,
 #: so unsharded gradients of every unit accumulate (in the reduce dtype under FSDP2).
 _NO_SYNC = {
@@ -60,7 +62,13 @@ _WRAPS = {
     FsdpWrap.ROOT: "embedding and head stay gathered in the root unit, as FSDP1",
 }
 
-AddTerm = Callable[[str, Category, float, Callable[[], str] | str], int]
+
+class AddTerm(Protocol):
+    """Records a report term (``StageMemory.add``): its bytes."""
+
+    def __call__(
+        self, name: str, category: Category, value: float, formula: Callable[[], str] | str, *, alive: str = ""
+    ) -> int: ...
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -83,11 +91,13 @@ class Unsharded:
     accumulated_grads: int = 0
     """Unsharded gradients kept across micro-steps without gradient sync (category gradients):
     alive through forward and the start of backward."""
+    how: str = ""
+    """What is gathered (the wrapping and its units), for the terms of each instant."""
 
     @classmethod
-    def constant(cls, amount: int) -> Unsharded:
+    def constant(cls, amount: int, *, how: str = "") -> Unsharded:
         """The same bytes at every instant (a stage kept unsharded for the whole step)."""
-        return cls(**{f.name: amount for f in fields(cls) if f.name != "accumulated_grads"})
+        return cls(**{f.name: amount for f in fields(cls) if f.name not in ("accumulated_grads", "how")}, how=how)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -249,15 +259,23 @@ def fsdp_memory(ctx: TrainingContext, stage: StageView, add: AddTerm, notes: lis
         notes.append(f"fsdp_wrap auto: {wrap} ({ctx.profile.name} default; {_WRAPS[wrap]})")
     if wrap is FsdpWrap.ROOT:
         found = root_unsharded(ctx, stage)
+        how = f"root wrapping: (2 x {stage.layer_elements:,} + vocabulary matrices) x {ctx.compute_bytes} B" + (
+            f"; in backward + one layer's gradients x ({ctx.compute_bytes} + {ctx.grad_bytes}) B" if ctx.full else ""
+        )
         add(
             "unsharded parameters (two layers in flight + the root unit: embedding, head)",
             Category.TEMPORARY,
             found.loss,
             lambda: f"(2 x {stage.layer_elements:,} + vocabulary matrices) x {ctx.compute_bytes} B",
+            alive=_WHOLE_STEP,
         )
     else:
         u = units(ctx, stage)
         found = split_unsharded(u, loss_in_model=ctx.profile.loss_in_model)
+        how = (
+            f"split wrapping (FSDP2): layer unit {u.layer:,} B, its gradients {u.layer_grads:,} B and reduce-scatter "
+            f"input {u.layer_reduce:,} B, embedding {u.embedding:,} B, head unit {u.tail:,} B"
+        )
         _split_terms(u, found, add)
     accumulated = _accumulated_grads(ctx, stage)
     if accumulated:
@@ -266,8 +284,10 @@ def fsdp_memory(ctx: TrainingContext, stage: StageView, add: AddTerm, notes: lis
             Category.GRADIENTS,
             accumulated,
             _NO_SYNC[ctx.profile.name],
+            alive="from the first micro-step's backward to the last one's",
         )
-    return Unsharded(**{f.name: getattr(found, f.name) for f in fields(found)} | {"accumulated_grads": accumulated})
+    kept = {f.name: getattr(found, f.name) for f in fields(found)}
+    return Unsharded(**kept | {"accumulated_grads": accumulated, "how": how})
 
 
 def _split_terms(u: Units, found: Unsharded, add: AddTerm) -> None:
@@ -280,6 +300,7 @@ def _split_terms(u: Units, found: Unsharded, add: AddTerm) -> None:
             f"head unit {u.tail:,} B{' (with the tied embedding)' if u.tied else ''}, "
             f"+ {found.loss - u.tail:,} B all-gather output until the root's post-forward"
         ),
+        alive="at the loss",
     )
     add(
         "unsharded parameters in a layer's backward (FSDP2: the layer, the next unit prefetched, gradients, "
@@ -291,10 +312,12 @@ def _split_terms(u: Units, found: Unsharded, add: AddTerm) -> None:
             f"input (head {u.tail_reduce:,} B, layer {u.layer_reduce:,} B); first layer: the embedding "
             f"{u.embedding:,} B prefetched"
         ),
+        alive="inside a layer's backward",
     )
     add(
         "unsharded parameters in the embedding's backward (FSDP2)",
         Category.TEMPORARY,
         found.end,
         lambda: f"{found.end - u.layer_reduce:,} B embedding copies + {u.layer_reduce:,} B reduce-scatter input",
+        alive="inside the embedding's backward",
     )

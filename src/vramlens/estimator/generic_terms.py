@@ -17,21 +17,21 @@ estimator's own terms (:mod:`vramlens.estimator.quantities`).
 from __future__ import annotations
 
 from vramlens.categories import Category
-from vramlens.estimator.fsdp import fsdp_memory
 from vramlens.estimator.generic import recipe_counts, training_recipe
-from vramlens.estimator.layout import StageView, effective_quant, micro_batches_in_flight
-from vramlens.estimator.qlora import dequantized_bytes
+from vramlens.estimator.layout import StageView, micro_batches_in_flight
+from vramlens.estimator.logits_terms import logits_terms
 from vramlens.estimator.quantities import (
+    WHOLE_STEP,
     StageMemory,
+    _dequantized,
     _optimizer_temporaries,
-    _pipeline_unsharded,
+    _unsharded,
     _weights_and_state,
-    logits_terms,
 )
 from vramlens.model.generic.recipe import TrainingRecipe
 from vramlens.resolve.context import TrainingContext
 from vramlens.resolve.derived import checkpointed_layers
-from vramlens.workload.options import Method, Quant, Recompute, Shard
+from vramlens.workload.options import Recompute, Shard
 
 __all__ = ["generic_stage_memory"]
 
@@ -87,36 +87,58 @@ def _layer_terms(ctx: TrainingContext, mem: StageMemory) -> None:
         mem.notes.append(
             "recompute offload: two checkpointed layer inputs in flight on the GPU, the rest in CPU memory"
         )
-    mem.activations = mem.add(
+    mem.add(
         "activations (saved for backward, traced)",
         Category.ACTIVATIONS,
         activations * in_flight,
         lambda: f"traced per layer kind at {b} x {s} tokens, {sum(counts.values())} layers, {in_flight:g} in flight",
+        into="activations_bytes",
+        alive="from each layer's forward to its backward",
     )
     head = kept.head_constant if stage.last else 0
-    mem.casts = mem.add(
+    mem.add(
         "autocast weight copies and other batch-independent layer tensors (traced)",
         Category.TEMPORARY,
         copies + head,
         "traced: what the layers hold at the loss whatever the batch",
+        into="casts_bytes",
+        alive="the forward (and backward where saved)",
     )
-    mem.casts_backward = int(copies_backward + head)
-    mem.non_layer = mem.add(
+    mem.casts_backward_bytes = int(copies_backward + head)
+    mem.formulas["casts_backward_bytes"] = "traced: what the layers hold at the start of backward whatever the batch"
+    _outside_terms(ctx, mem, kept)
+    kinds = list(counts)
+    mem.working_bytes = int(max((working.kinds[k].backward_working.at(b, s) for k in kinds), default=0))
+    mem.forward_working_bytes = int(max((working.kinds[k].forward_transient.at(b, s) for k in kinds), default=0))
+    mem.formulas["working_bytes"] = f"traced: the largest layer kind's backward working set at {b} x {s} tokens"
+    mem.formulas["forward_working_bytes"] = f"traced: the largest layer kind's forward transients at {b} x {s} tokens"
+    mem.end_working_bytes = (
+        0  # the traced working sets are the layers'; none is left when only the embedding's backward runs
+    )
+    if workload.recompute is not Recompute.NONE:
+        mem.notes.append("recompute: the recomputed layer is traced inside its backward working set")
+    mem.notes.extend(kept.notes)
+
+
+def _outside_terms(ctx: TrainingContext, mem: StageMemory, kept: TrainingRecipe) -> None:
+    """What the traced step holds outside the decoder layers, and the inputs."""
+    b, s = ctx.workload.batch, ctx.workload.seq
+    mem.add(
         "activations outside the layers (embedding output, position tables, masks, final norm; traced)",
         Category.ACTIVATIONS,
         kept.outside_forward.at(b, s),
         "traced outside the decoder layers",
+        into="non_layer_bytes",
+        alive="from the forward to the end of backward",
     )
-    mem.inputs = mem.add(
-        "inputs (ids, labels)", Category.INPUTS, 16 * ctx.tokens, lambda: f"{ctx.tokens:,} tokens x 2 int64"
+    mem.add(
+        "inputs (ids, labels)",
+        Category.INPUTS,
+        16 * ctx.tokens,
+        lambda: f"{ctx.tokens:,} tokens x 2 int64",
+        into="inputs_bytes",
+        alive=WHOLE_STEP,
     )
-    kinds = list(counts)
-    mem.working = int(max((working.kinds[k].backward_working.at(b, s) for k in kinds), default=0))
-    mem.forward_working = int(max((working.kinds[k].forward_transient.at(b, s) for k in kinds), default=0))
-    mem.end_working = 0  # the traced working sets are the layers'; none is left when only the embedding's backward runs
-    if workload.recompute is not Recompute.NONE:
-        mem.notes.append("recompute: the recomputed layer is traced inside its backward working set")
-    mem.notes.extend(kept.notes)
 
 
 def generic_stage_memory(ctx: TrainingContext, stage: StageView, targets: frozenset[str]) -> StageMemory:
@@ -126,20 +148,8 @@ def generic_stage_memory(ctx: TrainingContext, stage: StageView, targets: frozen
     _layer_terms(ctx, mem)
     if stage.last:
         logits_terms(ctx, mem)
-    parallel = ctx.workload.parallel
-    if parallel.pp > 1 and parallel.shard in _PARAM_SHARDED:
-        _pipeline_unsharded(ctx, mem)
-    else:
-        mem.unsharded = fsdp_memory(ctx, stage, mem.add, mem.notes)
-    quant = effective_quant(ctx)
-    if ctx.method is not Method.FULL and quant is not Quant.NONE:
-        d = dequantized_bytes(ctx)
-        mem.dequant = mem.add(
-            "dequantized weight (one linear at a time)",
-            Category.TEMPORARY,
-            stage.largest_linear * d,
-            lambda: f"{stage.largest_linear:,} x {d} B",
-        )
+    _unsharded(ctx, mem)
+    _dequantized(ctx, mem)
     _optimizer_temporaries(ctx, mem)
     mem.notes.append(
         f"{ctx.spec.model_type}: layers traced from transformers' code (recipe), no native vramlens family"

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from vramlens.errors import InputError
 from vramlens.estimator.lora_head import HEAD_NAMES, head_adapter_elements
+from vramlens.estimator.memo_keys import LayoutInputs
 from vramlens.estimator.qlora import unquantized_bytes
 from vramlens.estimator.vision import tower_targets, vision_frozen_bytes, vision_trained
 from vramlens.estimator.weight_format import format_for_quant
@@ -22,7 +23,7 @@ from vramlens.model.params import ffn_parameters, mixer_parameters, norm_paramet
 from vramlens.model.spec import FfnKind, LayerKind
 from vramlens.resolve._memo import memo
 from vramlens.resolve.context import TrainingContext
-from vramlens.resolve.kbit import BNB_4BIT_QUANTS, kbit_prepared
+from vramlens.resolve.kbit import BNB_4BIT_QUANTS
 from vramlens.resolve.styles import hf_style
 from vramlens.workload.options import Method, PipelineSchedule, Quant
 from vramlens.workload.spec import ALL_LINEAR
@@ -323,16 +324,8 @@ def _stage(
 
 def param_layout(ctx: TrainingContext) -> ParamLayout:
     """The first and last pipeline stages of the busiest rank (one stage when pp = 1),
-    memoized on the spec by the workload keys it reads."""
-    workload = ctx.workload
-    lora = workload.lora
-    parallel = workload.parallel
-    key = (
-        "param-layout", workload.method, lora.rank, lora.targets, lora.modules_to_save, workload.quant,
-        ctx.param_bytes, ctx.frozen_bytes, ctx.grad_bytes, ctx.state_bytes, ctx.master_bytes, ctx.compute_bytes,
-        ctx.profile.adapters_fp32, parallel.tp, parallel.pp, parallel.ep, kbit_prepared(workload, ctx.profile),
-    )  # fmt: skip
-    return memo(ctx.spec, key, lambda: _param_layout(ctx))
+    memoized on the spec by the inputs it reads (:class:`LayoutInputs`)."""
+    return memo(ctx.spec, LayoutInputs.of(ctx), lambda: _param_layout(ctx))
 
 
 def _param_layout(ctx: TrainingContext) -> ParamLayout:

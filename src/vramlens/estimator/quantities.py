@@ -8,72 +8,29 @@ its formula; :mod:`vramlens.estimator.training` adds them up into phases.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from vramlens.categories import Category
 from vramlens.estimator.fsdp import Unsharded, fsdp_memory
 from vramlens.estimator.layout import EMBED_NAMES, StageView, effective_quant, micro_batches_in_flight
-from vramlens.estimator.logits import LogitsMemory, logits_memory
-from vramlens.estimator.lora_head import training_lora_head, with_lora_head
-from vramlens.estimator.loss_outputs import fp32_model_outputs, loss_chunks, model_logits_bytes
+from vramlens.estimator.logits_terms import logits_terms
 from vramlens.estimator.mixers import mixer_backward_working
 from vramlens.estimator.offload import gradient_buffers
 from vramlens.estimator.optimizers import OptimizerModel, optimizer_model
-from vramlens.estimator.qlora import dequantized_bytes, with_head_weight_cast
+from vramlens.estimator.qlora import dequantized_bytes
 from vramlens.estimator.recompute import LayerActivations, eager_attention_working, layer_activations, train_state
+from vramlens.estimator.stage_memory import WHOLE_STEP, Formula, StageMemory, Summed
 from vramlens.model.modules import layer_linears
 from vramlens.resolve.context import TrainingContext
 from vramlens.resolve.derived import checkpointed_layers
-from vramlens.result.report import Term
 from vramlens.units import format_bytes
-from vramlens.workload.options import Framework, Method, Offload, PipelineSchedule, Quant, Recompute, Shard
-from vramlens.workload.versions import older_than, rule_note
+from vramlens.workload.options import Method, Offload, PipelineSchedule, Quant, Recompute, Shard
 
-__all__ = ["StageMemory", "stage_memory"]
+__all__ = ["WHOLE_STEP", "Formula", "StageMemory", "Summed", "stage_memory"]
+
 
 _PARAM_SHARDED = {Shard.ZERO3, Shard.FSDP, Shard.HSDP}
 _GRAD_SHARDED = _PARAM_SHARDED | {Shard.ZERO2}
 _STATE_SHARDED = _GRAD_SHARDED | {Shard.ZERO1}
-
-
-@dataclass(kw_only=True)
-class StageMemory:
-    """Named quantities of one pipeline stage (bytes), with the terms that explain them."""
-
-    stage: StageView
-    params: int = 0
-    states: int = 0
-    paged_states: int = 0
-    grads: int = 0
-    grad_buckets: int = 0
-    head_grads: int = 0
-    layer_grads: int = 0
-    """Gradients of one decoder layer (full fine-tuning), produced last for the first layer."""
-    activations: int = 0
-    recompute: int = 0
-    non_layer: int = 0
-    inputs: int = 0
-    logits: LogitsMemory | None = None
-    casts: int = 0
-    casts_backward: int = 0
-    unsharded: Unsharded = field(default_factory=Unsharded)
-    """Parameter sharding's unsharded parameters, buffers and gradients, instant by instant (fsdp.py)."""
-    dequant: int = 0
-    working: int = 0
-    end_working: int | None = None
-    """The backward working set when only the embedding's backward is left (None: ``working``)."""
-    forward_working: int = 0
-    masks: float = 0.0
-    """Attention masks alive during the forward only, bytes per token (see LayerActivations)."""
-    step_temp: int = 0
-    terms: list[Term] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    def add(self, name: str, category: Category, value: float, formula: Callable[[], str] | str) -> int:
-        amount = int(value)
-        if amount:
-            self.terms.append(Term(name=name, category=category, bytes=amount, explain=formula))
-        return amount
 
 
 def _sharded(shard: Shard, group: int, kinds: set[Shard]) -> int:
@@ -104,25 +61,31 @@ def _weights_and_state(ctx: TrainingContext, mem: StageMemory) -> None:
         master = group.elements * group.master_bytes
         if not on_cpu_state:
             if optimizer.paged:
-                mem.paged_states += int(state / d_state)
+                mem.paged_states_bytes += int(state / d_state)
             else:
-                mem.states += mem.add(
+                mem.add(
                     f"optimizer state ({group.name})",
                     Category.OPTIMIZER_STATE,
                     state / d_state,
                     _state_formula(group.elements, optimizer, group.state_bytes, d_state),
+                    into="states_bytes",
+                    alive=WHOLE_STEP,
                 )
-            mem.states += mem.add(
+            mem.add(
                 f"fp32 master weights ({group.name})",
                 Category.OPTIMIZER_STATE,
                 master / d_state,
                 _per_element_formula(group.elements, group.master_bytes, d_state),
+                into="states_bytes",
+                alive=WHOLE_STEP,
             )
-    mem.params = mem.add(
+    mem.add(
         "parameters",
         Category.PARAMETERS,
         params,
         lambda: f"frozen {format_bytes(int(stage.frozen_bytes))} + trainable, / {d_param} shards",
+        into="params_bytes",
+        alive=WHOLE_STEP,
     )
     _gradients(ctx, mem)
 
@@ -136,27 +99,42 @@ def _gradients(ctx: TrainingContext, mem: StageMemory) -> None:
     buffers = gradient_buffers(ctx, stage)
     on_cpu_grads = buffers is not None and buffers.partitions_on_cpu
     for group in stage.trainable if not on_cpu_grads else ():
-        mem.grads += mem.add(
+        mem.add(
             f"gradients ({group.name})",
             Category.GRADIENTS,
             group.elements * group.grad_bytes / d_grad,
             _per_element_formula(group.elements, group.grad_bytes, d_grad),
+            into="grads_bytes",
+            alive="from their layer's backward to the optimizer step",
         )
     if buffers is not None and buffers.buffer_bytes:
-        mem.grad_buckets = mem.add("ZeRO reduce buckets", Category.GRADIENTS, buffers.buffer_bytes, buffers.formula)
+        mem.add(
+            "ZeRO reduce buckets",
+            Category.GRADIENTS,
+            buffers.buffer_bytes,
+            buffers.formula,
+            into="grad_buckets_bytes",
+            alive=WHOLE_STEP,
+        )
     if parallel.shard is Shard.DDP:
-        mem.grad_buckets = mem.add(
+        mem.add(
             "DDP gradient buckets",
             Category.GRADIENTS,
-            mem.grads,
+            mem.grads_bytes,
             "one bucket copy of every gradient (gradient_as_bucket_view=False)",
+            into="grad_buckets_bytes",
+            alive=WHOLE_STEP,
         )
     if ctx.full and stage.last:
         head = ctx.spec.vocab_size * ctx.spec.hidden_size // parallel.tp
-        mem.head_grads = int(head * ctx.grad_bytes / d_grad)
+        mem.head_grads_bytes = int(head * ctx.grad_bytes / d_grad)
+        mem.formulas["head_grads_bytes"] = (
+            f"vocab {ctx.spec.vocab_size:,} x hidden / tp {parallel.tp} x {ctx.grad_bytes} B / {d_grad}"
+        )
     if ctx.full:
         layer = int(stage.layer_elements * ctx.grad_bytes / d_grad)
-        mem.layer_grads = layer if on_cpu_grads else min(mem.grads, layer)
+        mem.layer_grads_bytes = layer if on_cpu_grads else min(mem.grads_bytes, layer)
+        mem.formulas["layer_grads_bytes"] = f"{stage.layer_elements:,} x {ctx.grad_bytes} B / {d_grad}"
 
 
 def _activations(ctx: TrainingContext, mem: StageMemory, acts: LayerActivations) -> None:
@@ -165,27 +143,39 @@ def _activations(ctx: TrainingContext, mem: StageMemory, acts: LayerActivations)
     in_flight = (
         micro_batches_in_flight(parallel.pp_schedule, parallel.pp, ctx.workload.grad_accum) if stage.first else 1
     )
-    mem.activations = mem.add(
+    mem.add(
         "activations (saved for backward)",
         Category.ACTIVATIONS,
         acts.saved_per_token * tokens * in_flight,
         lambda: (
             f"{acts.saved_per_token:,.0f} B/token x {tokens:,} tokens x {in_flight:g} micro-batch(es) in flight ({stage.layers} layers)"
         ),
+        into="activations_bytes",
+        alive="from each layer's forward to its backward",
     )
-    mem.recompute = int(acts.transient_per_token * tokens)
-    mem.masks = acts.masks_per_token
+    mem.recompute_bytes = int(acts.transient_per_token * tokens)
+    mem.formulas["recompute_bytes"] = lambda: f"{acts.transient_per_token:,.0f} B/token x {tokens:,} tokens"
+    mem.masks_bytes_per_token = acts.masks_per_token
     h, a = ctx.spec.hidden_size, ctx.compute_bytes
-    mem.inputs = mem.add("inputs (ids, labels)", Category.INPUTS, 16 * tokens, lambda: f"{tokens:,} tokens x 2 int64")
+    mem.add(
+        "inputs (ids, labels)",
+        Category.INPUTS,
+        16 * tokens,
+        lambda: f"{tokens:,} tokens x 2 int64",
+        into="inputs_bytes",
+        alive=WHOLE_STEP,
+    )
     rotary = 2 * a * ctx.spec.head_dim if stage.first else 0
     # Final norm (sequence-parallel under TP) and the head's input, which a column-parallel
     # head all-gathers to the full sequence before the matmul.
     final = ((4 * h + 4 + (a * h if ctx.full else 0)) / parallel.tp + (a * h if ctx.full else 0)) if stage.last else 0
-    mem.non_layer = mem.add(
+    mem.add(
         "activations outside the layers (final norm, head input, rotary tables)",
         Category.ACTIVATIONS,
         (rotary + final) * tokens,
         lambda: f"{rotary + final:,.0f} B/token",
+        into="non_layer_bytes",
+        alive="from the forward to the end of backward",
     )
     mem.notes.extend(acts.notes)
     if parallel.pp > 1 and parallel.pp_schedule is PipelineSchedule.INTERLEAVED_1F1B:
@@ -194,31 +184,46 @@ def _activations(ctx: TrainingContext, mem: StageMemory, acts: LayerActivations)
 
 def _transients(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str]) -> None:
     """Short-lived memory: autocast casts, gathered shards, dequantized weights, backward working set."""
-    parallel, stage, a = ctx.workload.parallel, mem.stage, ctx.compute_bytes
-    spec = ctx.spec
+    stage, a, spec = mem.stage, ctx.compute_bytes, ctx.spec
     if ctx.autocast and ctx.full:
         linear = stage.trainable_elements - stage.layers * spec.norms_per_layer * spec.hidden_size
-        mem.casts = mem.add(
+        mem.add(
             "autocast bf16 weight copies (autocast cache, until the forward ends)",
             Category.TEMPORARY,
             linear * a,
             lambda: f"{linear:,} weights x {a} B",
+            into="casts_bytes",
+            alive="the forward (autocast cache)",
         )
-        mem.casts_backward = _casts_in_backward(ctx, mem.casts, stage.layers)
+        mem.casts_backward_bytes = _casts_in_backward(ctx, mem.casts_bytes, stage.layers)
+        mem.formulas["casts_backward_bytes"] = _casts_backward_formula(ctx, stage.layers)
+    _unsharded(ctx, mem)
+    _dequantized(ctx, mem)
+    _working_sets(ctx, mem, targets)
+
+
+def _unsharded(ctx: TrainingContext, mem: StageMemory) -> None:
+    """Parameter sharding's unsharded memory, instant by instant (pipeline parallelism keeps the stage gathered)."""
+    parallel = ctx.workload.parallel
     if parallel.pp > 1 and parallel.shard in _PARAM_SHARDED:
         _pipeline_unsharded(ctx, mem)
     else:
-        mem.unsharded = fsdp_memory(ctx, stage, mem.add, mem.notes)
-    quant = effective_quant(ctx)
-    if ctx.method is not Method.FULL and quant is not Quant.NONE:
-        d = dequantized_bytes(ctx)
-        mem.dequant = mem.add(
-            "dequantized weight (one linear at a time)",
-            Category.TEMPORARY,
-            stage.largest_linear * d,
-            lambda: f"{stage.largest_linear:,} x {d} B",
-        )
-    _working_sets(ctx, mem, targets)
+        mem.unsharded = fsdp_memory(ctx, mem.stage, mem.add, mem.notes)
+
+
+def _dequantized(ctx: TrainingContext, mem: StageMemory) -> None:
+    """A k-bit base's dequantized weight, one linear at a time (PEFT methods on a quantized base)."""
+    if ctx.method is Method.FULL or effective_quant(ctx) is Quant.NONE:
+        return
+    d, largest = dequantized_bytes(ctx), mem.stage.largest_linear
+    mem.add(
+        "dequantized weight (one linear at a time)",
+        Category.TEMPORARY,
+        largest * d,
+        lambda: f"{largest:,} x {d} B",
+        into="dequant_bytes",
+        alive="inside one linear",
+    )
 
 
 def _working_sets(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str]) -> None:
@@ -237,7 +242,7 @@ def _working_sets(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str
     inner = spec.mlp.intermediate_size if spec.mlp else spec.moe.expert_intermediate_size * spec.moe.experts_per_token  # type: ignore[union-attr]
     # Full recompute (and offload) keeps no layer's internals: its MLP intermediates are
     # transient; selective recompute keeps them as saved activations.
-    recompute = ctx.workload.recompute in (Recompute.FULL, Recompute.OFFLOAD) and mem.recompute > 0
+    recompute = ctx.workload.recompute in (Recompute.FULL, Recompute.OFFLOAD) and mem.recompute_bytes > 0
     adapter_sum, adapter_grad = _adapter_transients(ctx, targets, inner)
     backward = a * (inner + h) + adapter_grad if recompute else a * (2 * inner + 2 * h)
     mixers = {spec.layers[index].mixer for index in mem.stage.layer_range}
@@ -250,8 +255,13 @@ def _working_sets(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str
     )
     forward = max(forward, eager_forward if recompute else over_kept)
     backward = max(backward, eager_backward, over_kept if recompute else 0)
-    mem.working = int(tokens * backward / tp)
-    mem.forward_working = int(tokens * (forward / tp + mem.masks))
+    mem.working_bytes = int(tokens * backward / tp)
+    mem.forward_working_bytes = int(tokens * (forward / tp + mem.masks_bytes_per_token))
+    masks = mem.masks_bytes_per_token
+    mem.formulas["working_bytes"] = lambda: f"{backward:,.0f} B/token / tp {tp} x {tokens:,} tokens"
+    mem.formulas["forward_working_bytes"] = lambda: (
+        f"({forward:,.0f} B/token / tp {tp} + masks {masks:,.0f} B/token) x {tokens:,} tokens"
+    )
 
 
 def _adapter_transients(ctx: TrainingContext, targets: frozenset[str], inner: int) -> tuple[float, float]:
@@ -278,6 +288,15 @@ def _casts_in_backward(ctx: TrainingContext, casts: int, layers: int) -> int:
     return int(casts / layers)
 
 
+def _casts_backward_formula(ctx: TrainingContext, layers: int) -> str:
+    if ctx.workload.recompute is Recompute.NONE or layers == 0:
+        return "every layer's autocast weight copies (saved for backward)"
+    if ctx.workload.recompute is Recompute.FULL:
+        every = ctx.workload.recompute_every
+        return f"copies x (layers not checkpointed {layers} - ceil({layers} / {every}) + one recomputed) / {layers}"
+    return f"one recomputed layer's copies: copies / {layers}"
+
+
 def _pipeline_unsharded(ctx: TrainingContext, mem: StageMemory) -> None:
     """FSDP under pipeline parallelism keeps the stage unsharded for the whole step.
 
@@ -292,16 +311,18 @@ def _pipeline_unsharded(ctx: TrainingContext, mem: StageMemory) -> None:
         Category.TEMPORARY,
         elements * a,
         lambda: f"{elements:,} x {a} B",
+        alive=WHOLE_STEP,
     )
-    mem.unsharded = Unsharded.constant(gathered)
+    mem.unsharded = Unsharded.constant(gathered, how=f"pipeline stage kept unsharded: {elements:,} x {a} B")
     accumulate = 4 if ctx.grad_bytes == 4 else ctx.grad_bytes
-    unsharded = mem.add(
+    mem.add(
         "unsharded accumulated gradients (pipeline micro-batches)",
         Category.GRADIENTS,
         stage.trainable_elements * accumulate,
         lambda: f"{stage.trainable_elements:,} x {accumulate} B",
+        into="grad_buckets_bytes",
+        alive=WHOLE_STEP,
     )
-    mem.grad_buckets += unsharded
 
 
 def _optimizer_temporaries(ctx: TrainingContext, mem: StageMemory) -> None:
@@ -319,17 +340,21 @@ def _optimizer_temporaries(ctx: TrainingContext, mem: StageMemory) -> None:
         for group in mem.stage.trainable
     )
     fp32_grads = sum(group.elements * 4 / d_state for group in mem.stage.trainable if group.master_bytes)
-    mem.step_temp = mem.add(
+    mem.add(
         f"optimizer step temporaries ({ctx.optimizer_impl})",
         Category.TEMPORARY,
         temporaries,
         lambda: f"{optimizer.name.value}: {optimizer.temporaries_formula(ctx.optimizer_impl)}",
+        into="step_temp_bytes",
+        alive="inside optimizer.step()",
     )
-    mem.step_temp += mem.add(
+    mem.add(
         "fp32 gradient partition (master-weight optimizer step)",
         Category.TEMPORARY,
         fp32_grads,
         lambda: f"trainable elements x 4 B / {d_state}",
+        into="step_temp_bytes",
+        alive="inside optimizer.step()",
     )
 
 
@@ -351,30 +376,3 @@ def stage_memory(ctx: TrainingContext, stage: StageView, targets: frozenset[str]
     _transients(ctx, mem, targets)
     _optimizer_temporaries(ctx, mem)
     return mem
-
-
-def logits_terms(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str] = frozenset()) -> None:
-    """The last stage's logits and loss, the LM head's bf16 weight copy after k-bit preparation, a LoRA head."""
-    tp = ctx.workload.parallel.tp
-    fp32_outputs = fp32_model_outputs(ctx)
-    if ctx.profile.name in (Framework.HF, Framework.PLAIN) and older_than(ctx.workload.versions, "loss_upcast"):
-        mem.notes.append(rule_note(ctx.workload.versions, "loss_upcast"))
-    mem.logits = logits_memory(
-        ctx.loss,
-        tokens=ctx.tokens,
-        vocab=ctx.spec.vocab_size // tp,
-        hidden=ctx.spec.hidden_size,
-        logits_bytes=model_logits_bytes(ctx),
-        keeps_logits=ctx.profile.keeps_logits,
-        chunks=loss_chunks(ctx),
-        kept_bytes=4 if fp32_outputs else None,
-        loss_parallel=tp > 1 and ctx.profile.name is Framework.TORCHTITAN,
-        compiled=ctx.compiled_loss,
-        softcap=ctx.spec.final_logit_softcap is not None,
-    )
-    if (head := training_lora_head(ctx, targets, loss_chunks=loss_chunks(ctx))) is not None:
-        mem.logits = with_lora_head(mem.logits, head, ctx.tokens)
-        mem.non_layer += mem.add("LoRA head input (saved)", Category.ACTIVATIONS, head.saved * ctx.tokens, head.formula)
-    mem.add("logits and loss (at the loss)", Category.TEMPORARY, mem.logits.forward_end, mem.logits.formula)
-    mem.logits, cast = with_head_weight_cast(ctx, mem.logits)
-    mem.add("LM head bf16 weight copy (fp32 head after k-bit preparation)", Category.TEMPORARY, cast, "V x h x 2 B")

@@ -122,6 +122,39 @@ def _kinds(ctx: TrainingContext, layer_range: range) -> dict[LayerKind, int]:
     return counts
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ActivationInputs:
+    """What the layer recipe reads from a training context besides the model: the memo key of
+    :func:`layer_activations`."""
+
+    state: TrainState
+    layer_range: range
+    compute_bytes: int
+    autocast: bool
+    method: Method
+    attention: AttentionImpl
+    seq: int
+    cp: int
+    tp: int
+    compile: bool
+    moe_capacity_factor: float | None
+    recompute: Recompute
+    recompute_every: int
+    framework: Framework
+    kbit_prepared: bool
+
+    @classmethod
+    def of(cls, ctx: TrainingContext, state: TrainState, layer_range: range) -> ActivationInputs:
+        workload = ctx.workload
+        return cls(
+            state=state, layer_range=layer_range, compute_bytes=ctx.compute_bytes, autocast=ctx.autocast,
+            method=ctx.method, attention=ctx.attention, seq=workload.seq, cp=workload.parallel.cp,
+            tp=workload.parallel.tp, compile=workload.compile, moe_capacity_factor=workload.moe_capacity_factor,
+            recompute=workload.recompute, recompute_every=workload.recompute_every, framework=ctx.profile.name,
+            kbit_prepared=kbit_prepared(workload, ctx.profile),
+        )  # fmt: skip
+
+
 def layer_activations(ctx: TrainingContext, state: TrainState, layer_range: range) -> LayerActivations:
     """Saved and recomputed activation bytes per token for the layers in ``layer_range``.
 
@@ -129,25 +162,7 @@ def layer_activations(ctx: TrainingContext, state: TrainState, layer_range: rang
     context (listed in the key), the layer range, the recompute policy and tp (planners
     call this thousands of times).
     """
-    workload = ctx.workload
-    key = (
-        "layer_activations",
-        state,
-        layer_range,
-        ctx.compute_bytes,
-        ctx.autocast,
-        ctx.method,
-        ctx.attention,
-        workload.seq,
-        workload.parallel.cp,
-        workload.parallel.tp,
-        workload.compile,
-        workload.moe_capacity_factor,
-        workload.recompute,
-        workload.recompute_every,
-        ctx.profile.name,
-        kbit_prepared(workload, ctx.profile),
-    )
+    key = ActivationInputs.of(ctx, state, layer_range)
     return memo(ctx.spec, key, lambda: _build_layer_activations(ctx, state, layer_range))
 
 

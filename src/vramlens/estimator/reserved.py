@@ -154,9 +154,9 @@ def layer_churn(mem: StageMemory) -> tuple[int, int, int]:
     u = mem.unsharded
     gathered = max(u.forward_layer, u.loss, u.backward_start, u.first_layers, u.last_layer, u.end)
     return (
-        mem.activations + mem.forward_working,
-        mem.recompute + mem.working,
-        mem.grads + mem.step_temp + mem.casts + gathered,
+        mem.activations_bytes + mem.forward_working_bytes,
+        mem.recompute_bytes + mem.working_bytes,
+        mem.grads_bytes + mem.step_temp_bytes + mem.casts_bytes + gathered,
     )
 
 

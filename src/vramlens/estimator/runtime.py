@@ -36,11 +36,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
+from vramlens.categories import Category
+from vramlens.result.report import Term
 from vramlens.units import MiB
 from vramlens.workload.options import Shard
 from vramlens.workload.spec import Parallelism
 
 __all__ = [
+    "CUBLAS_FORMULA",
     "CUBLAS_WORKSPACE_BYTES",
     "CUDA_CONTEXT_BYTES",
     "CUDA_CONTEXT_EAGER_BYTES",
@@ -51,7 +54,13 @@ __all__ = [
     "RuntimeConstant",
     "communicators",
     "runtime_parts",
+    "runtime_terms",
 ]
+
+#: When the memory outside the allocator is alive.
+WHOLE_RUN = "the whole run (outside the allocator)"
+#: Where the communicators' sizes come from.
+NCCL_SOURCES = "measured after an all-reduce (NVIDIA/nccl#964) and an all-to-all (NVIDIA/nccl#1685)"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -113,6 +122,8 @@ NCCL_PAIR_BYTES: Final = RUNTIME_CONSTANTS["nccl_pair"].bytes
 NCCL_RING_BYTES: Final = RUNTIME_CONSTANTS["nccl_ring"].bytes
 NCCL_ALL_TO_ALL_BYTES: Final = RUNTIME_CONSTANTS["nccl_all_to_all"].bytes
 CUBLAS_WORKSPACE_BYTES: Final = RUNTIME_CONSTANTS["cublas_workspace"].bytes
+#: The cuBLAS workspace's term formula.
+CUBLAS_FORMULA: Final = "32 MiB: CUBLAS_WORKSPACE_CONFIG :4096:8 on sm90, one handle and stream (CublasHandlePool.cpp)"
 
 
 def communicators(parallel: Parallelism) -> list[tuple[str, int, int]]:
@@ -157,3 +168,50 @@ def runtime_parts(parallel: Parallelism, *, paged_bytes: int = 0, eager_modules:
     if paged_bytes:
         runtime["paged_optimizer_state"] = paged_bytes
     return runtime
+
+
+#: What each runtime part is, for its term: (name, formula); vLLM's parts are its engine constants
+#: (:mod:`vramlens.estimator.infer.engines`).
+_PART_TERMS: Final = {
+    "cuda_context": (
+        "CUDA context",
+        "512 MiB: a lazily loaded context (287-426 MB measured) plus a step's kernels (pytorch/pytorch#86509)",
+    ),
+    "cuda_context_eager": (
+        "CUDA context (eager module loading)",
+        "1000 MiB: every kernel module loaded at start (pytorch/pytorch#107667)",
+    ),
+    "paged_optimizer_state": (
+        "paged optimizer state (CUDA unified memory, resident)",
+        "optimizer state x elements of the paged groups / state shards (bitsandbytes paged optimizer)",
+    ),
+    "cuda_context_and_kernels": (
+        "vLLM non-torch memory (CUDA context, kernels, cuBLAS workspaces)",
+        "non_torch_memory 1.79 GiB in vllm serve's memory-profiling log, Llama-3-8B on an H100 (vllm PR #10511)",
+    ),
+    "cuda_graphs": (
+        "vLLM CUDA graphs (decode batch sizes)",
+        "0.36 GiB, the largest of the logs of vllm PR #11349, PR #30515 and gpustack/runner PR #251",
+    ),
+    "nccl_and_custom_allreduce": (
+        "vLLM NCCL communicators and custom all-reduce buffers",
+        "non_torch_memory 3.58 GiB at -tp 2, 1.79 GiB above tp 1 (vllm PR #10511)",
+    ),
+}
+
+
+def runtime_terms(runtime: dict[str, int], parallel: Parallelism, *, eager_modules: bool = False) -> tuple[Term, ...]:
+    """The device level's terms above ``reserved``: one per part of ``runtime`` (:func:`runtime_parts`,
+    or vLLM's), with its source; NCCL lists the communicators of :func:`communicators`."""
+    terms = []
+    for part, nbytes in runtime.items():
+        if part == "nccl":
+            groups = ", ".join(
+                f"{group} ({ranks} ranks) {nbytes // MiB} MiB" for group, ranks, nbytes in communicators(parallel)
+            )
+            name, formula = "NCCL communicators", f"{groups}: {NCCL_SOURCES}"
+        else:
+            key = "cuda_context_eager" if part == "cuda_context" and eager_modules else part
+            name, formula = _PART_TERMS[key]
+        terms.append(Term(name=name, category=Category.RUNTIME, bytes=nbytes, explain=formula, alive=WHOLE_RUN))
+    return tuple(term for term in terms if term.bytes)

@@ -118,8 +118,24 @@ def _layer_weights(ctx: TrainingContext, kind: LayerKind, layer_elements: int) -
     """Elements of each weight of one layer of ``kind`` on this rank: linears (and biases), norms, and
     the rest (routed experts as fused 3-D gate/up and down tensors, the router; a state mixer's
     convolution and vectors) in two tensors (memoized on the spec)."""
-    key = ("step-layer-weights", kind, layer_elements, ctx.workload.parallel.tp)
+    key = _LayerWeights(kind=kind, layer_elements=layer_elements, tp=ctx.workload.parallel.tp)
     return memo(ctx.spec, key, lambda: _weights_of_layer(ctx, kind, layer_elements))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _LayerWeights:
+    """The memo key of :func:`_layer_weights`."""
+
+    kind: LayerKind
+    layer_elements: int
+    tp: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _StageKinds:
+    """The memo key of :func:`_kinds`."""
+
+    layer_range: range
 
 
 def _weights_of_layer(ctx: TrainingContext, kind: LayerKind, layer_elements: int) -> list[int]:
@@ -149,7 +165,7 @@ def _adapters(ctx: TrainingContext, kind: LayerKind, targets: frozenset[str]) ->
 def _kinds(ctx: TrainingContext, stage: StageView) -> list[LayerKind]:
     """The (mixer, FFN) kind of each layer kind, in order: two kinds where layers alternate (MoE and
     dense, sliding and global attention, Mamba and attention), else one (memoized on the spec)."""
-    return memo(ctx.spec, ("step-layer-kinds", stage.layer_range), lambda: _layer_kinds(ctx, stage))
+    return memo(ctx.spec, _StageKinds(layer_range=stage.layer_range), lambda: _layer_kinds(ctx, stage))
 
 
 def _layer_kinds(ctx: TrainingContext, stage: StageView) -> list[LayerKind]:
@@ -169,10 +185,10 @@ def _saved(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str]) -> t
     divisor = {HEADS: tp, SEQUENCE: tp, GATHERED: 1}
     parts = [int(p.bytes_per_token / divisor[p.split] * ctx.tokens) for p in acts.full_layer_parts]
     parts = [p for p in parts if p]
-    per_layer = mem.activations // max(stage.layers, 1)
+    per_layer = mem.activations_bytes // max(stage.layers, 1)
     if per_layer and abs(sum(parts) - per_layer) <= 0.02 * per_layer:
         return parts, []
-    recomputed = parts if mem.recompute else []
+    recomputed = parts if mem.recompute_bytes else []
     return ([per_layer] if per_layer else []), recomputed
 
 
@@ -239,12 +255,12 @@ def step_shape(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str], 
         casts=tuple(w * a for w in layer_trained[0] if w > spec.hidden_size) if full_cast and layers else (),
         casts_kept=ctx.workload.recompute is Recompute.NONE,
         head_cast=table * a if full_cast and stage.last else 0,
-        forward_working=mem.forward_working,
-        working=mem.working,
+        forward_working=mem.forward_working_bytes,
+        working=mem.working_bytes,
         hidden=ctx.tokens * spec.hidden_size * a,
-        non_layer=mem.non_layer,
-        inputs=mem.inputs,
-        dequant=mem.dequant,
+        non_layer=mem.non_layer_bytes,
+        inputs=mem.inputs_bytes,
+        dequant=mem.dequant_bytes,
         gather_edges=gather_edges,
         gather_layer=gather_layer,
         gather_layer_grads=gather_grads,

@@ -24,7 +24,6 @@ from vramlens.errors import ConfigError, ModelNotFoundError
 from vramlens.model.catalog import find_entry, suggest_names
 from vramlens.model.families import parse_config
 from vramlens.model.hub_cache import find_cached_snapshot, hub_cache_dir, looks_like_hf_id
-from vramlens.model.safetensors import read_checkpoint
 from vramlens.model.spec import ModelSpec
 
 __all__ = ["load_config_file", "load_model", "model_from_config"]
@@ -60,6 +59,8 @@ def _from_directory(directory: Path, *, name: str | None = None, hf_id: str | No
         load_config_file(config_path), source=str(config_path), name=name or directory.name, hf_id=hf_id
     )
     if _has_safetensors(directory):
+        from vramlens.model.safetensors import read_checkpoint
+
         spec = dataclasses.replace(spec, checkpoint=read_checkpoint(directory))
     return spec
 
@@ -72,6 +73,8 @@ def _from_path(path: Path) -> ModelSpec:
         if not config_path.is_file():
             raise ModelNotFoundError(f"{path}: no config.json beside this checkpoint; vramlens needs the model config")
         spec = parse_config(load_config_file(config_path), source=str(config_path), name=path.parent.name)
+        from vramlens.model.safetensors import read_checkpoint
+
         return dataclasses.replace(spec, checkpoint=read_checkpoint(path))
     return parse_config(
         load_config_file(path), source=str(path), name=path.parent.name if path.name == "config.json" else path.stem

@@ -2,8 +2,9 @@
 
 The table shows the breakdown at the peak by category with proportional bars,
 the phases, the three memory levels (allocated / reserved / device), the fit on
-the chosen GPU with its headroom, and the assumptions; ``explain`` adds every
-term with its formula. Above the tables, the stacked timeline of
+the chosen GPU with its headroom, and the assumptions; ``explain`` adds the terms
+that make the peak, level by level, each with when it is alive and its formula, and
+after each level's terms their sum: that level's figure (:func:`explained_rows`). Above the tables, the stacked timeline of
 :mod:`vramlens.report.timeline_text`; ``ascii_only`` (``--ascii``) draws it, the bars and the
 table rules in plain ASCII, as happens by itself on a console that cannot show Unicode blocks.
 """
@@ -22,11 +23,12 @@ from vramlens.categories import Category
 from vramlens.report.serving_text import serving_lines, vllm_fit_sentence
 from vramlens.report.terminal import terminal_console
 from vramlens.report.timeline_text import ASCII_TABLE_BOX, Bar, bar, timeline_renderable
-from vramlens.result.report import MemoryReport, PhaseMemory
+from vramlens.result.report import LEVELS, MemoryReport, PhaseMemory
 from vramlens.units import format_bytes
 
 __all__ = [
     "add_phase_rows",
+    "explained_rows",
     "fit_line",
     "headline",
     "level_rows",
@@ -156,13 +158,36 @@ def fit_line(report: MemoryReport) -> Text:
     )
 
 
+def explained_rows(report: MemoryReport) -> list[tuple[str, int, str, str, bool]]:
+    """(name, bytes, alive, formula, is a level's sum) rows of ``--explain``: the peak's terms, level
+    by level, each level closed by the sum of every term above it (which is that level's figure).
+    A report without peak terms (hand-built, simulated, measured) lists its terms as they are."""
+    if not report.peak.terms:
+        return [(term.name, term.bytes, term.alive, term.formula, False) for term in report.terms]
+    rows: list[tuple[str, int, str, str, bool]] = []
+    shown = 0
+    for level in LEVELS:
+        terms = report.peak_terms(level)
+        rows += [(term.name, term.bytes, term.alive, term.formula, False) for term in terms[shown:]]
+        shown = len(terms)
+        rows.append((f"= {level} peak", sum(term.bytes for term in terms), "", "the sum of the terms above", True))
+    return rows
+
+
 def _terms_table(report: MemoryReport) -> Table:
-    table = Table(box=box.SIMPLE_HEAD, title="how each term was computed", title_justify="left")
+    title = (
+        f"what makes the peak ({report.peak_phase}: {report.peak.note})"
+        if report.peak.terms
+        else "how each term was computed"
+    )
+    table = Table(box=box.SIMPLE_HEAD, title=title, title_justify="left")
     table.add_column("term")
     table.add_column("memory", justify="right")
+    table.add_column("alive")
     table.add_column("formula")
-    for term in report.terms:
-        table.add_row(term.name, format_bytes(term.bytes), term.formula)
+    for name, nbytes, alive, formula, total in explained_rows(report):
+        style = "bold" if total else ""
+        table.add_row(Text(name, style=style), Text(format_bytes(nbytes), style=style), alive, formula)
     return table
 
 
@@ -248,8 +273,11 @@ def markdown_report(report: MemoryReport, *, explain: bool = False) -> str:
     if serving:
         lines += ["", *serving]
     if explain:
-        lines += ["", "| term | memory | formula |", "|---|---:|---|"]
-        lines += [f"| {t.name} | {format_bytes(t.bytes)} | {t.formula} |" for t in report.terms]
+        lines += ["", "| term | memory | alive | formula |", "|---|---:|---|---|"]
+        lines += [
+            f"| {f'**{name}**' if total else name} | {format_bytes(nbytes)} | {alive} | {formula} |"
+            for name, nbytes, alive, formula, total in explained_rows(report)
+        ]
     if report.assumptions:
         lines += ["", "Assumptions:", ""] + [f"- {note}" for note in report.assumptions]
     return "\n".join(lines) + "\n"

@@ -16,7 +16,9 @@ MEMO_LIMIT = 4096
 
 
 def memo(spec: ModelSpec, key: Hashable, compute: Callable[[], T]) -> T:
-    """``compute()`` once per ``key`` for this spec; the keys must capture every input."""
+    """``compute()`` once per ``key`` for this spec. ``key`` is a frozen record of everything
+    ``compute`` reads besides the spec (e.g. :class:`~vramlens.estimator.layout.LayoutInputs`); its
+    class tells one memoized quantity from another."""
     cache = spec.derived_cache
     try:
         return cache[key]  # type: ignore[return-value]

@@ -185,15 +185,38 @@ def _check_model_fit(spec: ModelSpec, workload: Workload) -> None:
         )
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SettingsInputs:
+    """The workload keys a context's settings depend on: their memo key."""
+
+    framework: Framework
+    precision: Precision
+    sharded: bool
+    method: Method
+    quant: Quant
+    optimizer_in_backward: bool
+    compile: bool
+    attention: AttentionImpl
+    loss: LossImpl
+    optimizer_impl: OptimizerImpl
+    float8: bool
+    packing: bool
+    versions: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def of(cls, workload: Workload) -> SettingsInputs:
+        return cls(
+            framework=workload.framework, precision=workload.precision,
+            sharded=workload.parallel.shard in (Shard.FSDP, Shard.HSDP, Shard.ZERO3), method=workload.method,
+            quant=workload.quant, optimizer_in_backward=workload.optimizer_in_backward, compile=workload.compile,
+            attention=workload.attention, loss=workload.loss, optimizer_impl=workload.optimizer_impl,
+            float8=workload.float8, packing=workload.packing, versions=workload.versions,
+        )  # fmt: skip
+
+
 def _resolved_settings(spec: ModelSpec, workload: Workload) -> dict[str, object]:
     """The workload-dependent settings of a context, memoized on the spec by the keys they read."""
-    parallel = workload.parallel
-    sharded = parallel.shard in (Shard.FSDP, Shard.HSDP, Shard.ZERO3)
-    key = (
-        "training-settings", workload.framework, workload.precision, sharded, workload.method, workload.quant,
-        workload.optimizer_in_backward, workload.compile, workload.attention, workload.loss, workload.optimizer_impl,
-        workload.float8, workload.packing, workload.versions,
-    )  # fmt: skip
+    key = SettingsInputs.of(workload)
     return memo(spec, key, lambda: _settings(workload, spec))
 
 

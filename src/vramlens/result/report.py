@@ -18,7 +18,10 @@ from vramlens.categories import Category
 if TYPE_CHECKING:
     from vramlens.result.timeline import Timeline
 
-__all__ = ["Margin", "MemoryReport", "PhaseMemory", "SafeLevels", "ServingCapacity", "Term"]
+__all__ = ["LEVELS", "Margin", "MemoryReport", "PhaseMemory", "SafeLevels", "ServingCapacity", "Term"]
+
+#: The three levels of a peak, each containing the one before it.
+LEVELS = ("allocated", "reserved", "device")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -31,24 +34,57 @@ class Term:
     explain: Callable[[], str] | str
     """A human-checkable formula with the numbers filled in (or a function producing it,
     so that estimates that are never shown do not pay for formatting)."""
+    alive: str = ""
+    """When the bytes are alive (e.g. "whole step", "forward to the loss's backward", "at the loss")."""
 
     @property
     def formula(self) -> str:
         return self.explain if isinstance(self.explain, str) else self.explain()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "category": self.category.value, "bytes": self.bytes, "formula": self.formula}
+        return {
+            "name": self.name,
+            "category": self.category.value,
+            "bytes": self.bytes,
+            "formula": self.formula,
+            "alive": self.alive,
+        }
+
+
+def terms_bytes(terms: tuple[Term, ...]) -> int:
+    """The bytes of ``terms`` together."""
+    return sum(term.bytes for term in terms)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PhaseMemory:
-    """Allocated memory at the high point of one phase, by category."""
+    """Allocated memory at the high point of one phase, by category (and, for estimates, the
+    terms alive at that instant: :meth:`of_terms`)."""
 
     name: str
     allocated_bytes: int
     breakdown: Mapping[Category, int]
     note: str = ""
     """What the high point is (e.g. "start of backward: logits gradient live")."""
+    terms: tuple[Term, ...] = ()
+    """Estimates: the quantities alive at the high point; they add up to ``allocated_bytes``."""
+
+    def __post_init__(self) -> None:
+        if self.terms and terms_bytes(self.terms) != self.allocated_bytes:
+            raise ValueError(
+                f"phase {self.name}: terms add up to {terms_bytes(self.terms)}, not {self.allocated_bytes}"
+            )
+
+    @classmethod
+    def of_terms(cls, name: str, note: str, terms: list[Term]) -> PhaseMemory:
+        """The phase whose high point is exactly ``terms`` (zero terms dropped): allocated bytes
+        and breakdown are their sums."""
+        kept = tuple(term for term in terms if term.bytes)
+        breakdown: dict[Category, int] = {}
+        for term in kept:
+            breakdown[term.category] = breakdown.get(term.category, 0) + term.bytes
+        clean = {category: value for category, value in breakdown.items() if value}
+        return cls(name=name, allocated_bytes=terms_bytes(kept), breakdown=clean, note=note, terms=kept)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -175,6 +211,12 @@ class MemoryReport:
     runtime: Mapping[str, int] = field(default_factory=dict)
     """Memory outside PyTorch's allocator, by part (cuda_context, cublas_workspace, nccl)."""
     terms: tuple[Term, ...] = ()
+    """Estimates: every quantity computed, at its full size, with its formula (the peak's own
+    terms are :meth:`peak_terms`)."""
+    allocator_terms: tuple[Term, ...] = ()
+    """Estimates: what the reserved level adds to the allocated peak (allocator slack, by part)."""
+    runtime_terms: tuple[Term, ...] = ()
+    """Estimates: what the device level adds to the reserved one (memory outside the allocator, by part)."""
     assumptions: tuple[str, ...] = ()
     serving: ServingCapacity | None = None
     """Inference: the KV cache needed and, for vLLM, the pool it gets."""
@@ -190,6 +232,27 @@ class MemoryReport:
         names = [phase.name for phase in self.phases]
         if self.peak_phase not in names:
             raise ValueError(f"peak_phase {self.peak_phase!r} is not one of the phases {names}")
+        if self.peak.terms:
+            for level in LEVELS:
+                found, figure = terms_bytes(self.peak_terms(level)), self.level_bytes(level)
+                if found != figure:
+                    raise ValueError(f"{level} terms add up to {found}, not the {level} peak {figure}")
+
+    def level_bytes(self, level: str) -> int:
+        """The peak at ``level`` (one of :data:`LEVELS`)."""
+        return {"allocated": self.allocated_bytes, "reserved": self.reserved_bytes, "device": self.device_bytes}[level]
+
+    def peak_terms(self, level: str = "allocated") -> tuple[Term, ...]:
+        """The terms that make the peak at ``level`` (one of :data:`LEVELS`): the peak phase's
+        terms, then the allocator's, then the runtime's; empty when the report has no terms."""
+        if level not in LEVELS:
+            raise ValueError(f"level: {level!r} is not one of {', '.join(LEVELS)}")
+        terms = self.peak.terms
+        if level != "allocated":
+            terms += self.allocator_terms
+        if level == "device":
+            terms += self.runtime_terms
+        return terms
 
     @property
     def peak(self) -> PhaseMemory:
@@ -257,6 +320,13 @@ class MemoryReport:
             "fits": self.fits,
             "headroom_bytes": self.headroom_bytes,
             "terms": [term.to_dict() for term in self.terms],
+            "peak_terms": None
+            if not self.peak.terms
+            else {
+                "allocated": [term.to_dict() for term in self.peak.terms],
+                "allocator": [term.to_dict() for term in self.allocator_terms],
+                "runtime": [term.to_dict() for term in self.runtime_terms],
+            },
             "assumptions": list(self.assumptions),
             "settings": _settings(self),
             "serving": None if self.serving is None else self.serving.to_dict(),

@@ -34,6 +34,7 @@ import pickle
 import pickletools
 import re
 import sys
+from collections import deque
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from functools import cache
@@ -121,6 +122,8 @@ _WIDTH = {
 }
 _LINE = -1
 _COUNTED = -2
+#: Runs of the fast path a tuple or set opcode may look back over (:func:`_rescan`).
+_RESCAN_RUNS = 16
 #: Expanded values a snapshot may stand for: at least this many, else this many per byte
 #: (:func:`expanded_budget`).
 _MIN_EXPANDED = 1 << 24
@@ -153,10 +156,13 @@ def _below_power_of_two(bits: int) -> bytes:
 
 
 @cache
-def _fast_path(memo_bits: int) -> re.Pattern[bytes]:
+def _fast_path(memo_bits: int, flat_units: bool = False) -> re.Pattern[bytes]:
     """A regex matching a run of common, unconditionally safe opcodes with their arguments,
     ``LONG_BINPUT`` included while its index is below ``2**memo_bits`` (a power of two within
     the file's memo bound, so protocol-2 pickles, which memoise every object that way, stay fast).
+    With ``flat_units``, tuples and sets of scalars (:func:`_flat_units`) are matched too: that
+    pattern tries a tuple at every opcode and runs about 9 times slower, so :func:`check_opcodes`
+    uses it only to re-read a run that stopped at a tuple or set opcode.
 
     ``BINGET`` and ``LONG_BINGET`` come first as literals (they are most of a snapshot's
     opcodes: repeated keys, shared stacks); ``.`` under DOTALL is sre's fastest any-byte."""
@@ -175,7 +181,14 @@ def _fast_path(memo_bits: int) -> re.Pattern[bytes]:
         return b"[" + re.escape(bytes(codes)) + b"]" + (b".{%d}" % size if size else b"")
 
     lengths = b"|".join(re.escape(bytes([n])) + b".{%d}" % n for n in range(_SHORT + 1))
-    parts = [*_flat_units(), b"h.", b"j.{4}", run(fixed[1], 1), run(fixed[0], 0), run(fixed[4], 4)]
+    parts = [
+        *(_flat_units() if flat_units else []),
+        b"h.",
+        b"j.{4}",
+        run(fixed[1], 1),
+        run(fixed[0], 0),
+        run(fixed[4], 4),
+    ]
     parts += [run(counted, 0) + b"(?:" + lengths + b")", run(fixed[2], 2), run(fixed[8], 8)]
     parts.append(b"r" + _below_power_of_two(memo_bits))
     body = b"(?:" + b"|".join(parts) + b")"
@@ -199,11 +212,20 @@ def _flat_units() -> list[bytes]:
 
 def check_opcodes(data: bytes, name: str) -> None:
     """Refuse (one-line :class:`InputError`) a pickle that is not plain data (see the module docstring)."""
-    table, fast = _opcodes(), _fast_path(min(max(len(data) // 2, 1).bit_length() - 1, 32))
+    memo_bits = min(max(len(data) // 2, 1).bit_length() - 1, 32)
+    table, fast, with_tuples = _opcodes(), _fast_path(memo_bits), _fast_path(memo_bits, True)
     end, pos = len(data), 0
+    starts: deque[int] = deque(maxlen=_RESCAN_RUNS)
     while True:
+        starts.append(pos)
         match = fast.match(data, pos)
         pos = match.end() if match else pos
+        if pos < end and table.get(data[pos], ("",))[0] in _HASHED:
+            resumed = _rescan(data, with_tuples, starts, pos)
+            if resumed is not None:
+                pos = resumed
+                starts.clear()
+                continue
         if pos >= end:
             raise InputError(f"{name}: truncated pickle (no STOP opcode); not a complete snapshot file")
         code = data[pos]
@@ -227,6 +249,19 @@ def check_opcodes(data: bytes, name: str) -> None:
             pos = _skip_line(data, pos, op_name, name)
         else:
             pos = _skip_fixed(data, pos, op_name, size, name)
+
+
+def _rescan(data: bytes, with_tuples: re.Pattern[bytes], starts: deque[int], pos: int) -> int | None:
+    """Where the scan resumes after the tuple or set opcode at ``pos``: the end of a re-read with
+    tuples of scalars allowed, from the start of one of the last runs (most recent first: a
+    protocol-0 tuple's items are split into runs by their ``PUT`` opcodes); None when no re-read
+    gets past ``pos`` (the opcode is then refused). Each run is re-read at most
+    :data:`_RESCAN_RUNS` times, so the check stays linear in the file."""
+    for start in reversed(starts):
+        again = with_tuples.match(data, start)
+        if again is not None and again.end() > pos:
+            return again.end()
+    return None
 
 
 def _skip_counted(data: bytes, pos: int, op_name: str, width: int, signed: bool, name: str) -> int:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from vramlens.categories import Category
 from vramlens.estimator.infer.context import InferenceContext, resolve_inference
@@ -10,7 +10,7 @@ from vramlens.estimator.infer.phases import StagePlan, hf_plan, vllm_plan
 from vramlens.estimator.infer.weights import stage_weights
 from vramlens.estimator.margins import RUNTIME_SPREAD, runtime_spread, safe_levels
 from vramlens.estimator.reserved import allocator_settings, generation_slack, generation_spread
-from vramlens.estimator.runtime import communicators, runtime_parts
+from vramlens.estimator.runtime import communicators, runtime_parts, runtime_terms
 from vramlens.hardware import GpuSpec
 from vramlens.model.spec import ModelSpec
 from vramlens.result.report import MemoryReport, SafeLevels, Term
@@ -21,9 +21,22 @@ from vramlens.workload.versions import older_than
 __all__ = ["estimate_inference"]
 
 
-def _levels(ctx: InferenceContext, plan: StagePlan) -> tuple[int, int, dict[str, int], SafeLevels]:
-    """(reserved, device, runtime parts, safe figures) above the allocated peak."""
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Levels:
+    """The levels above the allocated peak, with the terms each adds."""
+
+    reserved: int
+    device: int
+    runtime: dict[str, int]
+    safe: SafeLevels
+    allocator_terms: tuple[Term, ...] = ()
+    runtime_terms: tuple[Term, ...] = ()
+
+
+def _levels(ctx: InferenceContext, plan: StagePlan) -> _Levels:
+    """Reserved, device, runtime parts and safe figures above the allocated peak."""
     peak = plan.peak
+    parallel = ctx.workload.parallel
     allocated = peak.allocated_bytes
     comms = len(communicators(ctx.workload.parallel))
     if ctx.engine is Engine.VLLM:  # one pool tensor per layer: no allocator slack worth modelling
@@ -36,21 +49,37 @@ def _levels(ctx: InferenceContext, plan: StagePlan) -> tuple[int, int, dict[str,
         if plan.serving.kv_pool_bytes is not None:
             # vLLM sizes its pool to gpu_memory_utilization: margins shrink the pool, not the device level.
             safe = replace(safe, allocated_bytes=allocated, reserved_bytes=allocated, device_bytes=device)
-        return allocated, device, plan.runtime, safe
+        terms = runtime_terms(plan.runtime, parallel)
+        return _Levels(reserved=allocated, device=device, runtime=plan.runtime, safe=safe, runtime_terms=terms)
     # Weights are allocated once and never freed; the cache grows by a concatenation per layer and
     # step, which leaves freed blocks one token too short behind (reserved.generation_slack).
     kv = peak.breakdown.get(Category.KV_CACHE, 0)
     settings = allocator_settings(ctx.workload.alloc_conf)
-    reserved = allocated + generation_slack(kv, settings)
-    runtime = runtime_parts(
-        ctx.workload.parallel, eager_modules=older_than(ctx.workload.versions, "lazy_module_loading")
-    )
+    slack = generation_slack(kv, settings)
+    reserved = allocated + slack
+    eager = older_than(ctx.workload.versions, "lazy_module_loading")
+    runtime = runtime_parts(parallel, eager_modules=eager)
     device = reserved + sum(runtime.values())
     safe = safe_levels(
         allocated=allocated, reserved=reserved, device=device, breakdown=peak.breakdown,
         allocator_spread=generation_spread(kv, settings), runtime_spread=runtime_spread(runtime, comms),
     )  # fmt: skip
-    return reserved, device, runtime, safe
+    conf = ctx.workload.alloc_conf or "default PYTORCH_CUDA_ALLOC_CONF"
+    growth = Term(
+        name="allocator slack: the growing KV cache (DynamicCache concatenation)",
+        category=Category.ALLOCATOR_SLACK,
+        bytes=slack,
+        explain=f"KV cache {kv:,} B x fitted fraction (reserved.py KV_GROWTH_FRACTION, {conf})",
+        alive="cached blocks, from the decode steps on",
+    )
+    return _Levels(
+        reserved=reserved,
+        device=device,
+        runtime=runtime,
+        safe=safe,
+        allocator_terms=(growth,) if slack else (),
+        runtime_terms=runtime_terms(runtime, parallel, eager_modules=eager),
+    )
 
 
 def _busiest(plan: StagePlan) -> int:
@@ -75,7 +104,7 @@ def estimate_inference(spec: ModelSpec, workload: Workload, *, gpu: GpuSpec | No
             for stage in stage_weights(ctx)
         ]
     plan = max(plans, key=_busiest)
-    reserved, device, runtime, safe = _levels(ctx, plan)
+    levels = _levels(ctx, plan)
     notes = [*ctx.assumptions, *plan.notes]
     peak = plan.peak
     notes.append(f"peak: {peak.name} ({peak.note})")
@@ -86,13 +115,15 @@ def estimate_inference(spec: ModelSpec, workload: Workload, *, gpu: GpuSpec | No
         phases=tuple(plan.phases),
         peak_phase=peak.name,
         allocated_bytes=peak.allocated_bytes,
-        reserved_bytes=reserved,
-        device_bytes=device,
-        runtime=runtime,
-        terms=tuple(Term(name=n, category=c, bytes=b, explain=f) for n, c, b, f in plan.terms),
+        reserved_bytes=levels.reserved,
+        device_bytes=levels.device,
+        runtime=levels.runtime,
+        terms=tuple(plan.terms),
+        allocator_terms=levels.allocator_terms,
+        runtime_terms=levels.runtime_terms,
         assumptions=tuple(notes),
         gpu=gpu.name if gpu else None,
         capacity_bytes=capacity,
         serving=plan.serving,
-        safe=safe,
+        safe=levels.safe,
     )

@@ -18,12 +18,11 @@ from vramlens.categories import Category
 from vramlens.errors import InputError
 from vramlens.estimator.generic import inference_recipe
 from vramlens.estimator.infer.context import InferenceContext
-from vramlens.estimator.infer.phases import StagePlan
+from vramlens.estimator.infer.phases import WHOLE_RUN, StagePlan, base_terms, term
 from vramlens.estimator.infer.weights import StageWeights
-from vramlens.estimator.runtime import CUBLAS_WORKSPACE_BYTES
 from vramlens.model.generic.layout import GenericLayout
 from vramlens.model.generic.recipe import Fit, InferenceRecipe
-from vramlens.result.report import PhaseMemory, ServingCapacity
+from vramlens.result.report import PhaseMemory, ServingCapacity, Term
 from vramlens.units import format_bytes
 from vramlens.workload.options import Engine
 
@@ -86,11 +85,6 @@ def _largest(recipe: InferenceRecipe, counts: dict[int, int], pick: str, batch: 
     return max((getattr(recipe.kinds[k], pick).at(batch, seq) for k in counts), default=0)
 
 
-def _phase(name: str, note: str, parts: dict[Category, int]) -> PhaseMemory:
-    clean = {category: int(value) for category, value in parts.items() if value}
-    return PhaseMemory(name=name, allocated_bytes=sum(clean.values()), breakdown=clean, note=note)
-
-
 def _head(fit: Fit, last: bool, batch: int, seq: int) -> int:
     return fit.at(batch, seq) if last else 0
 
@@ -103,18 +97,28 @@ def _prefill_phase(
     cache = _sum(recipe, counts, "prefill_cache", b, prompt)
     layer_peak = _largest(recipe, counts, "prefill_working", b, prompt)
     head_peak = _head(recipe.head_prefill, stage.last, b, prompt)
-    phase = _phase(
-        "prefill",
-        f"{'a layer' if layer_peak >= head_peak else 'the LM head'} of the prefill of {prompt} tokens x {b} sequences",
-        _base(stage)
-        | {
-            _C.KV_CACHE: cache,
-            _C.ACTIVATIONS: layer_peak if layer_peak >= head_peak else 0,
-            _C.TEMPORARY: head_peak if head_peak > layer_peak else 0,
-            _C.INPUTS: _INPUT_BYTES_PER_TOKEN * b * prompt,
-        },
-    )
+    where = "a layer" if layer_peak >= head_peak else "the LM head"
+    at, tokens = f"inside {where} of the prefill", f"{b} sequences x {prompt} tokens"
+    terms = [
+        *_base(stage),
+        term("cache of the prompt (traced)", _C.KV_CACHE, cache, tokens, "from the prefill to the end"),
+        term(
+            "largest layer's prefill peak above the caches (traced)",
+            _C.ACTIVATIONS,
+            layer_peak if layer_peak >= head_peak else 0,
+            tokens,
+            at,
+        ),
+        term("LM head's prefill peak (traced)", _C.TEMPORARY, head_peak if head_peak > layer_peak else 0, tokens, at),
+        _inputs(b, prompt),
+    ]
+    phase = PhaseMemory.of_terms("prefill", f"{where} of the prefill of {prompt} tokens x {b} sequences", terms)
     return phase, cache, max(layer_peak, head_peak)
+
+
+def _inputs(batch: int, tokens: int) -> Term:
+    formula = f"{batch} x {tokens} tokens x 2 int64"
+    return term("inputs (ids, attention mask)", _C.INPUTS, _INPUT_BYTES_PER_TOKEN * batch * tokens, formula, WHOLE_RUN)
 
 
 def _decode_phase(
@@ -126,16 +130,25 @@ def _decode_phase(
     step = max(
         _largest(recipe, counts, "decode_working", b, context), _head(recipe.head_decode, stage.last, b, context)
     )
-    phase = _phase(
-        "decode",
-        f"last decode step at {context} tokens (a layer's old and new cache while it grows)",
-        _base(stage) | {_C.KV_CACHE: full, _C.TEMPORARY: step, _C.INPUTS: _INPUT_BYTES_PER_TOKEN * b * context},
-    )
-    return phase, full
+    at, tokens = f"the last decode step at {context} tokens", f"{b} sequences x {context} tokens"
+    terms = [
+        *_base(stage),
+        term("cache at the end (keys/values and recurrent states, traced)", _C.KV_CACHE, full, tokens, at),
+        term(
+            "largest layer's (or the head's) decode step peak, with its old cache (traced)",
+            _C.TEMPORARY,
+            step,
+            tokens,
+            at,
+        ),
+        _inputs(b, context),
+    ]
+    note = f"last decode step at {context} tokens (a layer's old and new cache while it grows)"
+    return PhaseMemory.of_terms("decode", note, terms), full
 
 
-def _base(stage: StageWeights) -> dict[Category, int]:
-    return {_C.PARAMETERS: stage.total, _C.OTHER: CUBLAS_WORKSPACE_BYTES}
+def _base(stage: StageWeights) -> list[Term]:
+    return base_terms(stage, "as the traced model holds them")
 
 
 def generic_hf_plan(ctx: InferenceContext, stage: StageWeights) -> StagePlan:
@@ -157,14 +170,15 @@ def generic_hf_plan(ctx: InferenceContext, stage: StageWeights) -> StagePlan:
         engine="hf", sequences=b, tokens_per_sequence=context, kv_bytes_per_token=per_token, kv_bytes_needed=full
     )
     terms = [
-        ("weights", _C.PARAMETERS, stage.total, "as the traced model holds them"),
-        (
+        _base(stage)[0],
+        term(
             "cache at the end (keys/values and recurrent states, traced)",
             _C.KV_CACHE,
             full,
             f"{b} sequences x {context} tokens",
+            "from its token's step to the end",
         ),
-        ("prefill peak above the caches (traced)", _C.ACTIVATIONS, above, f"{b} x {prompt} tokens"),
+        term("prefill peak above the caches (traced)", _C.ACTIVATIONS, above, f"{b} x {prompt} tokens", "the prefill"),
     ]
     notes = [
         f"{ctx.spec.model_type}: layers traced from transformers' code (recipe); cache per token "

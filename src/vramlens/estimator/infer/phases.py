@@ -32,12 +32,15 @@ from vramlens.estimator.infer.working import (
     sampler_bytes,
     vllm_layer_working_bytes,
 )
-from vramlens.estimator.runtime import CUBLAS_WORKSPACE_BYTES
-from vramlens.result.report import PhaseMemory, ServingCapacity
+from vramlens.estimator.runtime import CUBLAS_FORMULA, CUBLAS_WORKSPACE_BYTES
+from vramlens.result.report import PhaseMemory, ServingCapacity, Term
 from vramlens.units import format_bytes
 from vramlens.workload.versions import older_than, rule_note
 
-__all__ = ["StagePlan", "hf_plan", "vllm_plan"]
+__all__ = ["WHOLE_RUN", "StagePlan", "base_terms", "hf_plan", "term", "vllm_plan"]
+
+#: When weights, the cuBLAS workspace and vLLM's pool are alive.
+WHOLE_RUN = "the whole run"
 
 _C = Category
 #: int64 input_ids and attention_mask per token (generate's inputs; position ids are recomputed per step).
@@ -52,8 +55,8 @@ class StagePlan:
     serving: ServingCapacity
     runtime: dict[str, int]
     """Memory outside PyTorch's allocator, by part (vLLM); empty for transformers."""
-    terms: list[tuple[str, Category, int, str]]
-    """(name, category, bytes, formula) of each explained quantity."""
+    terms: list[Term]
+    """Each explained quantity at its full size (the report's catalogue)."""
     notes: list[str]
 
     @property
@@ -61,9 +64,22 @@ class StagePlan:
         return max(self.phases, key=lambda phase: phase.allocated_bytes)
 
 
-def _phase(name: str, note: str, parts: dict[Category, int]) -> PhaseMemory:
-    clean = {category: int(value) for category, value in parts.items() if value}
-    return PhaseMemory(name=name, allocated_bytes=sum(clean.values()), breakdown=clean, note=note)
+def term(name: str, category: Category, value: int, formula: str, alive: str) -> Term:
+    """One explained quantity of ``value`` bytes."""
+    return Term(name=name, category=category, bytes=int(value), explain=formula, alive=alive)
+
+
+def base_terms(stage: StageWeights, weights_formula: str, *, cublas: bool = True) -> list[Term]:
+    """The weights and (through PyTorch's allocator, not vLLM's budget) the cuBLAS workspace: alive throughout."""
+    weights = term("weights", _C.PARAMETERS, stage.total, weights_formula, WHOLE_RUN)
+    if not cublas:
+        return [weights]
+    return [
+        weights,
+        term(
+            "cuBLAS workspace (from the caching allocator)", _C.OTHER, CUBLAS_WORKSPACE_BYTES, CUBLAS_FORMULA, WHOLE_RUN
+        ),
+    ]
 
 
 def _kv(
@@ -117,7 +133,7 @@ def hf_plan(ctx: InferenceContext, stage: StageWeights) -> StagePlan:
     every_position = older_than(versions, "logits_to_keep")
     rows = b * ctx.prompt if every_position else b
     logits = logits_bytes(spec, rows=rows, compute_bytes=cb) if stage.last else 0
-    base = {_C.PARAMETERS: stage.total, _C.OTHER: CUBLAS_WORKSPACE_BYTES}
+    base = base_terms(stage, _weights_formula(ctx, stage))
     phases = [_prefill_phase(ctx, stage, base, working=working, logits=logits)]
     states = _states(ctx, stage)
     attention_kv = _kv(ctx, stage, ctx.context)
@@ -125,40 +141,71 @@ def hf_plan(ctx: InferenceContext, stage: StageWeights) -> StagePlan:
     if every_position:
         notes.append(rule_note(versions, "logits_to_keep"))
         logits = logits_bytes(spec, rows=b, compute_bytes=cb) if stage.last else 0  # decode: one position
-    if ctx.context > ctx.prompt:
-        layer_kv = attention_kv // max(_attending(stage, ctx), 1)
-        if older_than(versions, "generate_cache"):  # the old tuple cache is alive beside the new one
-            layer_kv = attention_kv
-            notes.append(rule_note(versions, "generate_cache"))
-        step = hf_layer_working_bytes(
-            spec, batch=b, seq_q=1, seq_kv=ctx.context, attention=ctx.attention, compute_bytes=cb, tp=ctx.tp
-        )
-        decode_parts = {_C.KV_CACHE: kv_full, _C.ACTIVATIONS: step, _C.TEMPORARY: logits + layer_kv}
-        phases.append(
-            _phase(
-                "decode",
-                f"last decode step at {ctx.context} tokens (one layer's cache concatenated: old and new copies)",
-                base | decode_parts | {_C.INPUTS: _INPUT_BYTES_PER_TOKEN * b * ctx.context},
-            )
-        )
     per_token = _per_token(ctx, stage)
-    serving = ServingCapacity(
-        engine="hf", sequences=b, tokens_per_sequence=ctx.context, kv_bytes_per_token=per_token, kv_bytes_needed=kv_full
-    )
     kv_formula = f"{b} sequences x {ctx.context} tokens x {format_bytes(per_token)} per token (window-capped)"
     if states:
         kv_formula += f" + {b} sequences x {format_bytes(states // b)} of convolution and recurrent states"
+    kv_end = term("KV cache at the end", _C.KV_CACHE, kv_full, kv_formula, "from its token's step to the end")
+    if ctx.context > ctx.prompt:
+        phases.append(_decode_phase(ctx, stage, [*base, kv_end], attention_kv=attention_kv, logits=logits, notes=notes))
+    serving = ServingCapacity(
+        engine="hf", sequences=b, tokens_per_sequence=ctx.context, kv_bytes_per_token=per_token, kv_bytes_needed=kv_full
+    )
     terms = [
-        ("weights", _C.PARAMETERS, stage.total, _weights_formula(ctx, stage)),
-        ("KV cache at the end", _C.KV_CACHE, kv_full, kv_formula),
-        ("prefill layer working set", _C.ACTIVATIONS, working, f"one layer for {b} x {seq_q} tokens ({ctx.attention})"),
-        ("last-position logits", _C.TEMPORARY, logits, f"{b} x vocab {spec.vocab_size} x ({cb} + 4 float32) bytes"),
+        base[0],
+        kv_end,
+        term(
+            "prefill layer working set",
+            _C.ACTIVATIONS,
+            working,
+            f"one layer for {b} x {seq_q} tokens ({ctx.attention})",
+            "inside a layer's prefill",
+        ),
+        term("last-position logits", _C.TEMPORARY, logits, _logits_formula(ctx), "at the LM head"),
     ]
     return StagePlan(phases=phases, serving=serving, runtime={}, terms=terms, notes=notes)
 
 
+def _logits_formula(ctx: InferenceContext) -> str:
+    return f"{ctx.batch} x vocab {ctx.spec.vocab_size} x ({ctx.compute_bytes} + 4 float32) bytes"
+
+
+def _decode_phase(
+    ctx: InferenceContext, stage: StageWeights, kept: list[Term], *, attention_kv: int, logits: int, notes: list[str]
+) -> PhaseMemory:
+    """The last decode step: the whole cache (in ``kept``), one token's layer working set and logits, and
+    one layer's old cache while ``DynamicCache`` concatenates it (the whole old tuple cache before
+    transformers' ``generate_cache`` rule)."""
+    b, versions = ctx.batch, ctx.workload.versions
+    layer_kv = attention_kv // max(_attending(stage, ctx), 1)
+    old = f"KV cache {attention_kv:,} B / {max(_attending(stage, ctx), 1)} attending layers"
+    if older_than(versions, "generate_cache"):  # the old tuple cache is alive beside the new one
+        layer_kv, old = attention_kv, "the whole old tuple cache beside the new one"
+        notes.append(rule_note(versions, "generate_cache"))
+    step = hf_layer_working_bytes(
+        ctx.spec,
+        batch=b,
+        seq_q=1,
+        seq_kv=ctx.context,
+        attention=ctx.attention,
+        compute_bytes=ctx.compute_bytes,
+        tp=ctx.tp,
+    )
+    at = f"the last decode step at {ctx.context} tokens"
+    inputs = _INPUT_BYTES_PER_TOKEN * b * ctx.context
+    terms = [
+        *kept,
+        term("decode step layer working set", _C.ACTIVATIONS, step, f"one layer for {b} x 1 token", at),
+        term("last-position logits", _C.TEMPORARY, logits, _logits_formula(ctx), at),
+        term("one layer's old cache while it is concatenated", _C.TEMPORARY, layer_kv, old, at),
+        term("inputs (ids, attention mask)", _C.INPUTS, inputs, f"{b} x {ctx.context} tokens x 2 int64", WHOLE_RUN),
+    ]
+    note = f"last decode step at {ctx.context} tokens (one layer's cache concatenated: old and new copies)"
+    return PhaseMemory.of_terms("decode", note, terms)
+
+
 def _prefill_phase(
-    ctx: InferenceContext, stage: StageWeights, base: dict[Category, int], *, working: int, logits: int
+    ctx: InferenceContext, stage: StageWeights, base: list[Term], *, working: int, logits: int
 ) -> PhaseMemory:
     """The prefill's high point: the last layer's working set, or the LM head if larger.
 
@@ -170,16 +217,50 @@ def _prefill_phase(
     b = ctx.batch
     hidden = b * ctx.prompt * ctx.spec.hidden_size * ctx.compute_bytes if stage.last else 0
     layer_peak = working >= hidden + logits
-    return _phase(
+    at = f"{'inside the last layer' if layer_peak else 'at the LM head'} of the prefill"
+    prompt = f"{b} sequences x {ctx.prompt} tokens"
+    terms = [
+        *base,
+        term(
+            "KV cache of the prompt (every layer, whole prompt)",
+            _C.KV_CACHE,
+            _kv(ctx, stage, ctx.prompt, windowed=False) + _states(ctx, stage),
+            f"{prompt}, sliding windows not yet applied, + recurrent states",
+            "from the prefill to the end",
+        ),
+        term(
+            "prefill layer working set",
+            _C.ACTIVATIONS,
+            working if layer_peak else 0,
+            f"one layer for {prompt} ({ctx.attention})",
+            at,
+        ),
+        term(
+            "final normed hidden states",
+            _C.ACTIVATIONS,
+            0 if layer_peak else hidden,
+            f"{prompt} x hidden x {ctx.compute_bytes} B",
+            at,
+        ),
+        term(
+            "last-position logits",
+            _C.TEMPORARY,
+            0 if layer_peak else logits,
+            f"{b} x vocab {ctx.spec.vocab_size} x ({ctx.compute_bytes} + 4 float32) bytes",
+            at,
+        ),
+        term(
+            "inputs (ids, attention mask)",
+            _C.INPUTS,
+            _INPUT_BYTES_PER_TOKEN * b * ctx.prompt,
+            f"{prompt} x 2 int64",
+            WHOLE_RUN,
+        ),
+    ]
+    return PhaseMemory.of_terms(
         "prefill",
         f"{'last layer' if layer_peak else 'LM head'} of the prefill of {ctx.prompt} tokens x {b} sequences",
-        base
-        | {
-            _C.KV_CACHE: _kv(ctx, stage, ctx.prompt, windowed=False) + _states(ctx, stage),
-            _C.ACTIVATIONS: working if layer_peak else hidden,
-            _C.TEMPORARY: 0 if layer_peak else logits,
-            _C.INPUTS: _INPUT_BYTES_PER_TOKEN * b * ctx.prompt,
-        },
+        terms,
     )
 
 
@@ -259,8 +340,11 @@ def vllm_plan(ctx: InferenceContext, stage: StageWeights, capacity: int | None) 
     workload = ctx.workload
     activation, what = _vllm_activation(ctx, stage)
     runtime = _runtime(ctx)
-    base = {_C.PARAMETERS: stage.total, _C.OTHER: 0}
-    profile = _phase("profile", f"profile run: {what}", base | {_C.ACTIVATIONS: activation})
+    base = base_terms(stage, _weights_formula(ctx, stage), cublas=False)
+    peak = term(
+        "profile activation peak", _C.ACTIVATIONS, activation, what, "inside a forward step (profiled, kept free)"
+    )
+    profile = PhaseMemory.of_terms("profile", f"profile run: {what}", [*base, peak])
     per_token = _per_token(ctx, stage)
     notes: list[str] = []
     needed, block_bytes, blocks_formula = _vllm_needed(ctx, stage, per_token, notes)
@@ -276,10 +360,17 @@ def vllm_plan(ctx: InferenceContext, stage: StageWeights, capacity: int | None) 
         pool = budget - stage.total - activation - sum(runtime.values()) + outside
         blocks = max(pool, 0) // block_bytes if block_bytes else 0
         concurrent = min(workload.max_num_seqs, max(pool, 0) // per_sequence) if per_sequence else 0
-    serving_phase = _phase(
-        "serving",
-        "weights, the pre-allocated KV pool and the profiled activation peak",
-        base | {_C.KV_CACHE: max(pool, 0), _C.ACTIVATIONS: activation},
+    pool_formula = (
+        f"{blocks_formula} (no GPU given)"
+        if capacity is None
+        else f"{workload.gpu_memory_utilization} x {format_bytes(capacity)} - weights - activation peak"
+        " - non-torch memory - CUDA graphs"
+    )
+    kv_pool = term(
+        "KV pool" if capacity is not None else "KV needed", _C.KV_CACHE, max(pool, 0), pool_formula, WHOLE_RUN
+    )
+    serving_phase = PhaseMemory.of_terms(
+        "serving", "weights, the pre-allocated KV pool and the profiled activation peak", [*base, kv_pool, peak]
     )
     serving = ServingCapacity(
         engine="vllm",
@@ -293,15 +384,7 @@ def vllm_plan(ctx: InferenceContext, stage: StageWeights, capacity: int | None) 
         kv_blocks=blocks,
         max_concurrent_sequences=concurrent,
     )
-    terms = [
-        ("weights", _C.PARAMETERS, stage.total, _weights_formula(ctx, stage)),
-        ("profile activation peak", _C.ACTIVATIONS, activation, what),
-        ("KV needed", _C.KV_CACHE, needed, blocks_formula),
-    ]
+    terms = [*base, peak, term("KV needed", _C.KV_CACHE, needed, blocks_formula, WHOLE_RUN)]
     if budget is not None:
-        pool_formula = (
-            f"{workload.gpu_memory_utilization} x {format_bytes(capacity or 0)} - weights - activation peak"
-            " - non-torch memory - CUDA graphs"
-        )
-        terms.append(("KV pool", _C.KV_CACHE, max(pool, 0), pool_formula))
+        terms.append(kv_pool)
     return StagePlan(phases=[profile, serving_phase], serving=serving, runtime=runtime, terms=terms, notes=notes)

@@ -1,7 +1,7 @@
 """Registry of config parsers, one per ``model_type``, and the dispatch of a config to one.
 
 A family module registers a parser with :func:`register`; adding a model family means
-adding a module here (and a line in ``_FAMILY_MODULES``), never an ``elif``.
+adding a module here (and its types in ``_FAMILY_MODULES``; imported on first use), never an ``elif``.
 :func:`parse_config` dispatches on ``model_type``:
 
 1. a native family parser (hand-written formulas, the fast and explained path);
@@ -31,28 +31,49 @@ __all__ = ["Parser", "parse_config", "register", "supported_model_types"]
 
 Parser = Callable[[ConfigView], ModelSpec]
 
-_FAMILY_MODULES = (
-    "llama",
-    "gemma",
-    "phi",
-    "gpt",
-    "deepseek",
-    "gpt_oss",
-    "olmoe",
-    "smollm3",
-    "cohere2",
-    "glm4_moe",
-    "llama4",
-    "qwen_vl",
-    "mistral3",
-    "qwen3_next",
-    "jamba",
-    "falcon_h1",
-    "nemotron_h",
-    "granite_hybrid",
-)
+#: model_type -> the family module that registers its parser: one record per family type, so
+#: that reading a model imports only its own family's module (a test checks the table against
+#: what the modules register).
+_FAMILY_MODULES: dict[str, str] = {
+    "cohere2": "cohere2",
+    "deepseek_v2": "deepseek",
+    "deepseek_v3": "deepseek",
+    "falcon": "gpt",
+    "falcon_h1": "falcon_h1",
+    "gemma": "gemma",
+    "gemma2": "gemma",
+    "gemma3": "gemma",
+    "gemma3_text": "gemma",
+    "glm4_moe": "glm4_moe",
+    "gpt2": "gpt",
+    "gpt_neox": "gpt",
+    "gpt_oss": "gpt_oss",
+    "granitemoehybrid": "granite_hybrid",
+    "jamba": "jamba",
+    "llama": "llama",
+    "llama4": "llama4",
+    "llama4_text": "llama4",
+    "ministral3": "mistral3",
+    "mistral": "llama",
+    "mistral3": "mistral3",
+    "mixtral": "llama",
+    "nemotron_h": "nemotron_h",
+    "olmo2": "llama",
+    "olmoe": "olmoe",
+    "phi": "phi",
+    "phi3": "phi",
+    "qwen2": "llama",
+    "qwen2_5_vl": "qwen_vl",
+    "qwen2_moe": "llama",
+    "qwen3": "llama",
+    "qwen3_moe": "llama",
+    "qwen3_next": "qwen3_next",
+    "qwen3_vl": "qwen_vl",
+    "qwen3_vl_moe": "qwen_vl",
+    "smollm3": "smollm3",
+    "starcoder2": "gpt",
+}
 _PARSERS: dict[str, Parser] = {}
-_loaded = False
 
 
 def register(*model_types: str) -> Callable[[Parser], Parser]:
@@ -68,18 +89,15 @@ def register(*model_types: str) -> Callable[[Parser], Parser]:
     return decorate
 
 
-def _load() -> None:
-    global _loaded
-    if not _loaded:
-        for module in _FAMILY_MODULES:
-            importlib.import_module(f"{__name__}.{module}")
-        _loaded = True
+def _load(model_type: str) -> None:
+    """Import the family module that registers ``model_type``'s parser (once)."""
+    if model_type not in _PARSERS:
+        importlib.import_module(f"{__name__}.{_FAMILY_MODULES[model_type]}")
 
 
 def supported_model_types() -> tuple[str, ...]:
     """Every ``model_type`` with a native parser, sorted (aliases and the generic path aside)."""
-    _load()
-    return tuple(sorted(_PARSERS))
+    return tuple(sorted(_FAMILY_MODULES))
 
 
 def _model_type(data: Any, source: str) -> str:
@@ -105,7 +123,9 @@ def _native(data: dict[str, Any], model_type: str, source: str) -> ModelSpec:
     view = ConfigView(data, source=source)
     if alias is not None:
         view.assumptions.append(f"model_type {model_type!r} is read as {alias.target}: {alias.source}")
-    spec = _PARSERS[alias.target if alias is not None else model_type](view)
+    target = alias.target if alias is not None else model_type
+    _load(target)
+    spec = _PARSERS[target](view)
     return dataclasses.replace(spec, config=MappingProxyType(copy.deepcopy(data)))
 
 
@@ -130,9 +150,8 @@ def parse_config(
     one-line message naming the offending key, or saying why the ``model_type``
     cannot be described and what would help.
     """
-    _load()
     model_type = _model_type(data, source)
-    if model_type in _PARSERS or model_type in ALIASES:
+    if model_type in _FAMILY_MODULES or model_type in ALIASES:
         spec = _native(data, model_type, source)
     else:
         spec = _describe_generic(data, model_type, source)

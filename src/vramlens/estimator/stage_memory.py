@@ -1,0 +1,126 @@
+"""The named quantities of one pipeline stage and the terms that explain them (:class:`StageMemory`).
+
+:mod:`vramlens.estimator.quantities` fills it, :mod:`vramlens.estimator.step_phases` reads it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from vramlens.categories import Category
+from vramlens.estimator.fsdp import Unsharded
+from vramlens.estimator.layout import StageView
+from vramlens.estimator.logits import LogitsMemory
+from vramlens.result.report import Term
+
+__all__ = ["WHOLE_STEP", "Formula", "StageMemory", "Summed"]
+
+Formula = Callable[[], str] | str
+#: When the quantities that do not come and go are alive.
+WHOLE_STEP = "whole step"
+
+
+#: The quantities that are sums of terms (:meth:`StageMemory.add` adds each term into one).
+Summed = Literal[
+    "params_bytes",
+    "states_bytes",
+    "grads_bytes",
+    "grad_buckets_bytes",
+    "activations_bytes",
+    "non_layer_bytes",
+    "inputs_bytes",
+    "casts_bytes",
+    "dequant_bytes",
+    "step_temp_bytes",
+]
+
+
+@dataclass(kw_only=True)
+class StageMemory:
+    """Named quantities of one pipeline stage (bytes), with the terms that explain them.
+
+    Filled once by :func:`stage_memory` (or the generic families' ``generic_stage_memory``) and only
+    read afterwards. A quantity in :data:`Summed` is the sum of its terms (:meth:`terms_of`); the
+    others are instants' amounts that :mod:`vramlens.estimator.training` names with their formula
+    (:attr:`formulas`) where a phase's high point holds them.
+    """
+
+    stage: StageView
+    params_bytes: int = 0
+    """Parameters on this rank: whole step."""
+    states_bytes: int = 0
+    """Optimizer state and fp32 master weights on the GPU: whole step."""
+    paged_states_bytes: int = 0
+    """Paged optimizer state (CUDA unified memory, outside the allocator: the device level)."""
+    grads_bytes: int = 0
+    """Gradients (sharded as the strategy shards them): from their layer's backward to the optimizer step."""
+    grad_buckets_bytes: int = 0
+    """Reduce / DDP buckets and accumulated unsharded gradients: whole step."""
+    head_grads_bytes: int = 0
+    """The LM head's gradient (full fine-tuning): from the head's backward, the first of backward."""
+    layer_grads_bytes: int = 0
+    """Gradients of one decoder layer (full fine-tuning), produced last for the first layer."""
+    activations_bytes: int = 0
+    """Saved activations of the stage's layers: from their forward to their backward."""
+    recompute_bytes: int = 0
+    """A recomputed layer's tensors: inside that layer's backward."""
+    non_layer_bytes: int = 0
+    """Activations outside the decoder layers: from the forward to the end of backward."""
+    inputs_bytes: int = 0
+    """Input ids and labels: whole step."""
+    logits: LogitsMemory | None = None
+    head_cast_bytes: int = 0
+    """The LM head's bf16 weight copy after k-bit preparation (part of ``logits``): the loss to the
+    head's backward."""
+    casts_bytes: int = 0
+    """Autocast weight copies: the forward (autocast cache)."""
+    casts_backward_bytes: int = 0
+    """Autocast weight copies alive in backward (saved by layers that were not checkpointed)."""
+    unsharded: Unsharded = field(default_factory=Unsharded)
+    """Parameter sharding's unsharded parameters, buffers and gradients, instant by instant (fsdp.py)."""
+    dequant_bytes: int = 0
+    """A dequantized k-bit weight: inside one linear."""
+    working_bytes: int = 0
+    """A layer's backward working set: inside its backward."""
+    end_working_bytes: int | None = None
+    """The backward working set when only the embedding's backward is left (None: ``working_bytes``)."""
+    forward_working_bytes: int = 0
+    """A layer's forward working set (with the forward-only attention masks): inside its forward."""
+    masks_bytes_per_token: float = 0.0
+    """Attention masks alive during the forward only, bytes per token (see LayerActivations)."""
+    step_temp_bytes: int = 0
+    """The optimizer step's temporaries: inside optimizer.step()."""
+    terms: list[Term] = field(default_factory=list)
+    """Every quantity's terms, at their full size (the report's catalogue)."""
+    parts: dict[str, list[Term]] = field(default_factory=dict)
+    """The terms each :data:`Summed` quantity is the sum of."""
+    formulas: dict[str, Formula] = field(default_factory=dict)
+    """Formulas of the quantities that have no term of their own (working sets, recompute, ...)."""
+    notes: list[str] = field(default_factory=list)
+
+    def add(
+        self,
+        name: str,
+        category: Category,
+        value: float,
+        formula: Formula,
+        *,
+        into: Summed | None = None,
+        alive: str = "",
+    ) -> int:
+        """Record a term of ``int(value)`` bytes (none when 0) and add it into the quantity ``into``; its bytes."""
+        amount = int(value)
+        if amount:
+            term = Term(name=name, category=category, bytes=amount, explain=formula, alive=alive)
+            self.terms.append(term)
+            if into is not None:
+                self.parts.setdefault(into, []).append(term)
+        if into is not None:
+            setattr(self, into, getattr(self, into) + amount)
+        return amount
+
+    def terms_of(self, quantity: Summed) -> tuple[Term, ...]:
+        """The terms ``quantity`` is the sum of."""
+        return tuple(self.parts.get(quantity, ()))

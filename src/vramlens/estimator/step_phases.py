@@ -1,0 +1,310 @@
+"""The phases of a training step on one stage, each high point the list of terms alive then.
+
+A phase's allocated bytes are the sum of its terms (:meth:`PhaseMemory.of_terms`), so what
+``--explain`` lists adds up to the peak by construction: whole quantities (their terms, e.g.
+parameters, optimizer state, saved activations) and each instant's own amounts (a working set, a
+recomputed layer, the gradients made so far) named with their formula and when they are alive.
+See :mod:`vramlens.estimator.training` for the instants.
+"""
+
+from __future__ import annotations
+
+from vramlens.categories import Category
+from vramlens.estimator.runtime import CUBLAS_FORMULA, CUBLAS_WORKSPACE_BYTES
+from vramlens.estimator.stage_memory import Formula, StageMemory, Summed
+from vramlens.resolve.context import TrainingContext
+from vramlens.result.report import PhaseMemory, Term
+from vramlens.workload.options import Shard
+
+__all__ = ["pending_embedding_grad_bytes", "tied_embedding_grad_bytes", "training_phases"]
+
+_C = Category
+
+
+class _Instant:
+    """The terms alive at one instant of a step: whole quantities (their terms) and the
+    instant's own amounts, named with their formula."""
+
+    def __init__(self, mem: StageMemory, alive: str) -> None:
+        self.mem, self.alive = mem, alive
+        self.terms: list[Term] = []
+
+    def part(self, quantity: Summed) -> None:
+        """Every term of ``quantity`` (alive at this instant in full)."""
+        self.terms.extend(self.mem.terms_of(quantity))
+
+    def add(self, name: str, category: Category, value: int, formula: Formula) -> None:
+        """A term of ``value`` bytes alive at this instant (none when 0)."""
+        if value:
+            self.terms.append(Term(name=name, category=category, bytes=value, explain=formula, alive=self.alive))
+
+    def quantity(self, name: str, category: Category, key: str) -> None:
+        """The instant's share of a quantity with no term of its own (``StageMemory.formulas[key]``)."""
+        value = getattr(self.mem, key)
+        if value:
+            self.add(name, category, value, self.mem.formulas.get(key, ""))
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(term.bytes for term in self.terms)
+
+
+def _base(mem: StageMemory, alive: str) -> _Instant:
+    """Parameters, optimizer state and the cuBLAS workspace: alive at every instant."""
+    instant = _Instant(mem, alive)
+    instant.part("params_bytes")
+    instant.part("states_bytes")
+    instant.terms.append(
+        Term(
+            name="cuBLAS workspace (from the caching allocator)",
+            category=_C.OTHER,
+            bytes=CUBLAS_WORKSPACE_BYTES,
+            explain=CUBLAS_FORMULA,
+            alive="from the first matmul on",
+        )
+    )
+    return instant
+
+
+def _kept_gradients(ctx: TrainingContext, mem: StageMemory, instant: _Instant) -> None:
+    """Gradients alive before a micro-step's backward: the unsharded ones FSDP accumulates without
+    gradient sync (the sharded ones appear at the last micro-step), else with gradient
+    accumulation the earlier micro-steps' (sharded) gradients; none on a single micro-step."""
+    accumulated = mem.unsharded.accumulated_grads
+    if accumulated:
+        instant.add(
+            "unsharded accumulated gradients (no gradient sync between micro-steps)",
+            _C.GRADIENTS,
+            accumulated,
+            "every trainable element in the reduce dtype (fsdp.py)",
+        )
+    elif ctx.workload.grad_accum > 1 and not ctx.in_backward_step:
+        instant.part("grads_bytes")
+
+
+def _unsharded(instant: _Instant, value: int, where: str) -> None:
+    how = instant.mem.unsharded.how
+    instant.add(f"unsharded parameters and buffers {where}", _C.TEMPORARY, value, how)
+
+
+def _logits(instant: _Instant, value: int, name: str) -> None:
+    """The loss's tensors of ``value`` bytes, the LM head's bf16 weight copy apart."""
+    mem = instant.mem
+    assert mem.logits is not None
+    instant.add(name, _C.TEMPORARY, value - mem.head_cast_bytes, mem.logits.formula)
+    head = "LM head bf16 weight copy (fp32 head after k-bit preparation)"
+    instant.add(head, _C.TEMPORARY, mem.head_cast_bytes, "V x h x 2 B")
+
+
+def _forward(ctx: TrainingContext, mem: StageMemory) -> PhaseMemory:
+    """The end of forward: at the loss, or inside the last layer's forward when that is higher (a
+    quantized base's dequantized weight exists inside a layer's linear, not at the loss)."""
+    u = mem.unsharded
+    at_loss = (mem.logits.forward_end if mem.logits else 0) + u.loss
+    in_layer = mem.forward_working_bytes + mem.dequant_bytes + u.forward_layer
+    where = "at the loss" if at_loss >= in_layer else "inside the last layer's forward"
+    instant = _base(mem, where)
+    _kept_gradients(ctx, mem, instant)
+    for quantity in ("grad_buckets_bytes", "activations_bytes", "non_layer_bytes", "inputs_bytes"):
+        instant.part(quantity)
+    if at_loss >= in_layer:
+        if mem.logits is not None:
+            _logits(instant, mem.logits.forward_end, "logits and loss (at the loss)")
+        _unsharded(instant, u.loss, "at the loss")
+    else:
+        instant.quantity("a layer's forward working set", _C.TEMPORARY, "forward_working_bytes")
+        instant.part("dequant_bytes")
+        _unsharded(instant, u.forward_layer, "in a layer's forward")
+    instant.part("casts_bytes")
+    return PhaseMemory.of_terms("forward", f"end of forward: {where}", instant.terms)
+
+
+def tied_embedding_grad_bytes(ctx: TrainingContext) -> int:
+    """Bytes of one contribution to a tied embedding's gradient (vocab x hidden x grad bytes),
+    when the tied matrix is trained in full on one unsharded rank; else 0.
+
+    The matrix gets two gradient contributions (LM head first, embedding last). The
+    autograd engine buffers the head's until the embedding's arrives and sums them into a
+    new tensor (``InputBuffer::accumulate``), so at the embedding's backward both
+    contributions and their sum are alive. Seen in simulated and tracked CPU runs of tied
+    models (e.g. Llama-3.2-1B: three 1002 MiB fp32 tensors at once).
+    """
+    parallel = ctx.workload.parallel
+    unsharded = parallel.shard in (Shard.NONE, Shard.DDP, Shard.ZERO1)
+    if not (ctx.spec.tie_word_embeddings and ctx.full and unsharded and parallel.tp == 1 and parallel.pp == 1):
+        return 0
+    return ctx.spec.vocab_size * ctx.spec.hidden_size * ctx.grad_bytes
+
+
+def pending_embedding_grad_bytes(ctx: TrainingContext, mem: StageMemory) -> int:
+    """Bytes of the input embedding's gradient, which autograd makes only after the first
+    layer's backward: absent from "last layer of backward" (an untied matrix trained in full on
+    one unsharded rank without TP/PP; else 0). Seen in tracked CPU runs of checkpointed steps
+    (tests/experiments: the peak is inside the first layer's backward, the embedding's 2 MiB
+    gradient not yet there)."""
+    parallel = ctx.workload.parallel
+    unsharded = parallel.shard in (Shard.NONE, Shard.DDP, Shard.ZERO1)
+    if ctx.spec.tie_word_embeddings or not (ctx.full and mem.stage.first and unsharded):
+        return 0
+    if parallel.tp != 1 or parallel.pp != 1:
+        return 0
+    return ctx.spec.vocab_size * ctx.spec.hidden_size * ctx.grad_bytes
+
+
+def _gradients_so_far(instant: _Instant, in_backward: bool, missing: dict[str, int]) -> None:
+    """Every gradient (none with an optimizer in backward, which frees each at once) but those
+    ``missing`` not made yet at this instant (bytes by what they are)."""
+    if in_backward:
+        return
+    grads = instant.mem.grads_bytes
+    less = min(sum(missing.values()), grads)
+    if not less:
+        instant.part("grads_bytes")
+        return
+    what = " and ".join(name for name, value in missing.items() if value)
+    parts = " - ".join(f"{name} {value:,} B" for name, value in missing.items() if value)
+    instant.add(
+        f"gradients made so far (all but {what})", _C.GRADIENTS, grads - less, f"every gradient {grads:,} B - {parts}"
+    )
+
+
+def _backward_start(ctx: TrainingContext, mem: StageMemory) -> tuple[str, _Instant]:
+    instant = _base(mem, "start of backward")
+    _kept_gradients(ctx, mem, instant)
+    for quantity in ("grad_buckets_bytes", "activations_bytes", "non_layer_bytes", "inputs_bytes"):
+        instant.part(quantity)
+    if mem.logits is not None:
+        _logits(instant, mem.logits.backward_start, "loss gradient beside the kept logits (start of backward)")
+    instant.quantity("autocast weight copies alive in backward", _C.TEMPORARY, "casts_backward_bytes")
+    _unsharded(instant, mem.unsharded.backward_start, "at the start of backward")
+    return "start of backward: loss gradient beside all activations", instant
+
+
+def _first_layers(ctx: TrainingContext, mem: StageMemory, outputs: int) -> tuple[str, _Instant]:
+    instant = _base(mem, "inside the first layers' backward")
+    _kept_gradients(ctx, mem, instant)
+    instant.part("grad_buckets_bytes")
+    if not ctx.in_backward_step:
+        instant.quantity("LM head gradient (made first in backward)", _C.GRADIENTS, "head_grads_bytes")
+    for quantity in ("activations_bytes", "non_layer_bytes", "inputs_bytes"):
+        instant.part(quantity)
+    instant.quantity("the recomputed layer's tensors", _C.ACTIVATIONS, "recompute_bytes")
+    _kept_outputs(instant, outputs)
+    instant.quantity("a layer's backward working set", _C.TEMPORARY, "working_bytes")
+    instant.quantity("autocast weight copies alive in backward", _C.TEMPORARY, "casts_backward_bytes")
+    instant.part("dequant_bytes")
+    _unsharded(instant, mem.unsharded.first_layers, "in a layer's backward")
+    return "first layers of backward: a recomputed layer and the gradient working set", instant
+
+
+def _kept_outputs(instant: _Instant, outputs: int) -> None:
+    formula = instant.mem.logits.formula if instant.mem.logits is not None else ""
+    instant.add("model outputs the loop keeps (logits, until backward returns)", _C.TEMPORARY, outputs, formula)
+
+
+def _backward_end(ctx: TrainingContext, mem: StageMemory, kept_to_end: int) -> tuple[str, _Instant]:
+    instant = _base(mem, "end of backward")
+    _gradients_so_far(instant, ctx.in_backward_step, {})
+    for quantity in ("grad_buckets_bytes", "non_layer_bytes", "inputs_bytes"):
+        instant.part(quantity)
+    _kept_outputs(instant, kept_to_end)
+    if mem.end_working_bytes is None:
+        instant.quantity("a layer's backward working set", _C.TEMPORARY, "working_bytes")
+    else:
+        instant.add("the embedding's backward working set", _C.TEMPORARY, mem.end_working_bytes, "")
+    instant.part("dequant_bytes")
+    _unsharded(instant, mem.unsharded.end, "in the embedding's backward")
+    return "end of backward: every gradient", instant
+
+
+def _last_layer(ctx: TrainingContext, mem: StageMemory, kept_to_end: int, embedding: int) -> tuple[str, _Instant]:
+    instant = _base(mem, "inside the first layer's backward (the last backward reaches)")
+    missing = {"the first layer's": mem.layer_grads_bytes, "the input embedding's": embedding}
+    _gradients_so_far(instant, ctx.in_backward_step, missing)
+    for quantity in ("grad_buckets_bytes", "non_layer_bytes", "inputs_bytes"):
+        instant.part(quantity)
+    if mem.recompute_bytes:
+        instant.quantity("the recomputed layer's tensors", _C.ACTIVATIONS, "recompute_bytes")
+    else:
+        layers = max(mem.stage.layers, 1)
+        instant.add(
+            "the first layer's saved activations",
+            _C.ACTIVATIONS,
+            mem.activations_bytes // layers,
+            f"activations {mem.activations_bytes:,} B / {layers} layers",
+        )
+    _kept_outputs(instant, kept_to_end)
+    instant.quantity("a layer's backward working set", _C.TEMPORARY, "working_bytes")
+    instant.quantity("autocast weight copies alive in backward", _C.TEMPORARY, "casts_backward_bytes")
+    instant.part("dequant_bytes")
+    _unsharded(instant, mem.unsharded.last_layer, "in the first layer's backward")
+    return "last layer of backward: the first layer's activations beside every other gradient", instant
+
+
+def _tied_backward(ctx: TrainingContext, mem: StageMemory, outputs: int, tied: int) -> tuple[str, _Instant]:
+    """The tied embedding's backward: under FSDP (``tied`` 0; the gathered tail, the head's gradient,
+    the embedding's, their sum and a reduce-scatter input are ``unsharded.end``) while the loop still
+    holds the logits, the tied matrix's sharded gradient still to come; on one unsharded rank the
+    head's contribution and the sum beside the embedding's (``tied`` bytes each)."""
+    instant = _base(mem, "inside the tied embedding's backward")
+    missing = {} if tied else {"the tied matrix's": mem.head_grads_bytes}
+    _gradients_so_far(instant, ctx.in_backward_step, missing)
+    for quantity in ("grad_buckets_bytes", "non_layer_bytes", "inputs_bytes"):
+        instant.part(quantity)
+    _kept_outputs(instant, outputs)
+    instant.add(
+        "tied embedding: the LM head's gradient contribution and the sum (InputBuffer::accumulate)",
+        _C.TEMPORARY,
+        2 * tied,
+        f"2 x vocab {ctx.spec.vocab_size:,} x hidden {ctx.spec.hidden_size:,} x {ctx.grad_bytes} B",
+    )
+    _unsharded(instant, mem.unsharded.end, "in the embedding's backward")
+    if tied:
+        return "end of backward: the tied embedding's two gradient contributions and their sum", instant
+    return "end of backward: the tied embedding's backward (FSDP) beside the kept logits", instant
+
+
+def _backward(ctx: TrainingContext, mem: StageMemory) -> PhaseMemory:
+    """The highest of backward's instants (the first on a tie).
+
+    The loop's kept model outputs live until backward returns, so they are in the last layer's
+    and the end's working set too, where a checkpointed single-GPU step peaks, and the input
+    embedding's gradient is not there yet at the last layer (tracked CPU runs and the simulator,
+    tests/experiments). Under FSDP the simulator's last layer stays at the formula without both
+    (llama-3.1-8b, 8 GPUs, bf16, recompute full: 11.3895 GB), so FSDP keeps it.
+    """
+    u = mem.unsharded
+    outputs = mem.logits.outputs if mem.logits else 0
+    fsdp = bool(u.last_layer or u.end)
+    kept_to_end = 0 if fsdp else outputs
+    embedding = 0 if fsdp else pending_embedding_grad_bytes(ctx, mem)
+    candidates = [
+        _backward_start(ctx, mem),
+        _first_layers(ctx, mem, outputs),
+        _backward_end(ctx, mem, kept_to_end),
+        _last_layer(ctx, mem, kept_to_end, embedding),
+    ]
+    if u.end and ctx.spec.tie_word_embeddings and outputs:
+        candidates.append(_tied_backward(ctx, mem, outputs, 0))
+    tied = tied_embedding_grad_bytes(ctx)
+    if tied:
+        candidates.append(_tied_backward(ctx, mem, outputs, tied))
+    note, peak = max(candidates, key=lambda candidate: candidate[1].total_bytes)
+    return PhaseMemory.of_terms("backward", note, peak.terms)
+
+
+def _optimizer(mem: StageMemory) -> PhaseMemory:
+    instant = _base(mem, "inside optimizer.step()")
+    for quantity in ("grads_bytes", "grad_buckets_bytes", "step_temp_bytes"):
+        instant.part(quantity)
+    return PhaseMemory.of_terms(
+        "optimizer_step", "optimizer.step(): every gradient and the step's temporaries", instant.terms
+    )
+
+
+def training_phases(ctx: TrainingContext, mem: StageMemory) -> list[PhaseMemory]:
+    """The phases of one step on one stage."""
+    phases = [_forward(ctx, mem), _backward(ctx, mem)]
+    if not ctx.in_backward_step:
+        phases.append(_optimizer(mem))
+    return phases
