@@ -17,7 +17,8 @@ from __future__ import annotations
 import pytest
 
 from vramlens.allocator import AllocatorSettings
-from vramlens.allocator.pattern import pattern_peaks
+from vramlens.allocator.pattern import Pattern, pattern_peaks
+from vramlens.allocator.streams import Stream
 from vramlens.errors import InputError
 from vramlens.estimator import estimate
 from vramlens.estimator.layout import param_layout
@@ -63,6 +64,13 @@ def test_slack_is_the_replayed_vocabulary_part_plus_the_fitted_layer_part(name: 
     settings = AllocatorSettings()
     slack = training_slack(ctx, mem, targets, settings)
     shape = step_shape(ctx, mem, targets, layers=False)
+    if shape.gather_copy_out:  # FSDP2: the whole step replayed, every layer (its streams' pools add up)
+        whole = step_shape(ctx, mem, targets)
+        replayed = replayed_slack(whole, training_loss_script(ctx, mem), layers=whole.layers, micro_steps=1,
+                                  settings=settings)  # fmt: skip
+        assert slack.replayed and slack.vocabulary_bytes == 0 and slack.layers_bytes == max(0, replayed)
+        assert estimate(WORKLOADS[name]).reserved_bytes == estimate(WORKLOADS[name]).allocated_bytes + replayed
+        return
     replayed = replayed_slack(shape, training_loss_script(ctx, mem), layers=0, micro_steps=1, settings=settings)
     # the decoder layers' gradients (full: weights; LoRA: adapters) reuse stranded vocabulary blocks
     trained = sum(group.elements for group in mem.stage.trainable) - sum(shape.edge_trained)
@@ -142,3 +150,24 @@ def test_alloc_conf_is_kept_as_written_and_parsed_once() -> None:
     assert settings.expandable_segments and settings.max_split_size_bytes == 512 * MiB
     assert allocator_settings(workload.alloc_conf) is settings
     assert load_workload({"model": "gpt2"}).alloc_conf == ""
+
+
+def test_the_sharded_step_pattern_puts_fsdps_buffers_on_their_streams() -> None:
+    ctx, mem, targets = _parts(WORKLOADS["full fsdp"])
+    shape = step_shape(ctx, mem, targets)
+    assert shape.gather_copy_out  # hf: accelerate's FSDP2
+    pattern = step_pattern(shape, training_loss_script(ctx, mem, targets), layers=shape.layers)
+    made = [(nbytes, stream) for nbytes, _, stream in pattern.events if nbytes > 0]
+    gathered = {nbytes for nbytes, stream in made if stream == Stream.ALL_GATHER}
+    reduced = {nbytes for nbytes, stream in made if stream == Stream.REDUCE_SCATTER}
+    # the decoder units' all-gather outputs, and the tied tail's (V x h + the final norm's h, bf16)
+    assert gathered == {shape.gather_layer, shape.gather_tail} and shape.tied
+    assert shape.gather_tail == (128_256 * 2048 + 2048) * 2
+    layer = sum(shape.layer_trained[0])
+    # bf16 reduce (accelerate: reduce_dtype = param_dtype) then the fp32 sharded gradient
+    assert layer * shape.reduce_bytes // shape.grads_sharded in reduced
+    assert shape.grad_stream == Stream.REDUCE_SCATTER
+    # the same requests on one stream hold less: the streams' pools are the slack's main part here
+    one = Pattern()
+    one.events = [(nbytes, key, Stream.DEFAULT) for nbytes, key, _ in pattern.events]
+    assert pattern_peaks(pattern).slack_bytes > pattern_peaks(one).slack_bytes

@@ -392,3 +392,16 @@ def test_a_bare_pickle_file_is_refused_and_never_run(tmp_path: Path) -> None:
     path.write_bytes(pickle.dumps(Payload(sentinel)))
     load_error(path)
     assert not sentinel.exists()
+
+
+def test_the_stream_column_round_trips_and_is_optional(tmp_path: Path) -> None:
+    import dataclasses
+
+    plain = sample()
+    assert load_timeline(save_timeline(plain, tmp_path / "plain.npz")).stream is None
+    streamed = dataclasses.replace(plain, stream=np.array([0, 1, 2, 1, 0], dtype=np.int8))
+    loaded = load_timeline(save_timeline(streamed, tmp_path / "streamed.npz"))
+    assert loaded.stream is not None and loaded.stream.dtype == np.int8
+    assert loaded.stream.tolist() == [0, 1, 2, 1, 0]
+    with pytest.raises(InputError, match=r"timeline\.stream"):
+        dataclasses.replace(plain, stream=np.zeros(3, dtype=np.int8))

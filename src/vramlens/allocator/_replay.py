@@ -185,7 +185,7 @@ def segment_size(rounded: int) -> int:
 def replay(
     sizes: NDArray[np.int64],
     keys: NDArray[np.int64],
-    streams: NDArray[np.int32] | None = None,
+    streams: NDArray[np.integer[Any]] | None = None,
     settings: AllocatorSettings | None = None,
 ) -> ReplayResult:
     """Replay a timeline of allocations and frees through the caching-allocator model.

@@ -4,8 +4,9 @@ The analytic estimator describes a step as the tensors its terms imply, in the o
 creates and frees them (:mod:`vramlens.estimator.reserved`); :func:`pattern_peaks` runs that
 list through the caching-allocator model (:class:`~vramlens.allocator._caching.CachingAllocatorModel`,
 the same model the simulator replays its recorded timelines through) and returns the peak of
-``allocated`` and of ``reserved``. No numpy, no per-event arrays: a pattern has hundreds of
-events, and the estimator replays one per estimate.
+``allocated`` and of ``reserved``. Each allocation names the stream it is made on (:class:`~vramlens.allocator.streams.Stream`;
+a freed block is reused only by a later request of the same stream). No numpy, no per-event
+arrays: a pattern has hundreds of events, and the estimator replays one per estimate.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 
 from vramlens.allocator._caching import CachingAllocatorModel
 from vramlens.allocator._replay import AllocatorSettings
+from vramlens.allocator.streams import Stream
 
 __all__ = ["Pattern", "PatternPeaks", "pattern_peaks"]
 
@@ -24,28 +26,29 @@ class Pattern:
     """A growing list of events: ``alloc`` returns a key, ``free`` takes it.
 
     Sizes are raw request bytes (the allocator rounds them); a size of 0 allocates nothing and
-    returns the key -1, whose free is a no-op (no event is written for either).
+    returns the key -1, whose free is a no-op (no event is written for either). Events are
+    ``(nbytes, key, stream)``; a free's stream is unused (a block returns to its own stream's pool).
     """
 
     __slots__ = ("_next", "events")
 
     def __init__(self) -> None:
-        self.events: list[tuple[int, int]] = []
+        self.events: list[tuple[int, int, int]] = []
         self._next = 0
 
-    def alloc(self, nbytes: int) -> int:
-        """Allocate ``nbytes`` (int >= 0); returns the key to free it with."""
+    def alloc(self, nbytes: int, stream: int = Stream.DEFAULT) -> int:
+        """Allocate ``nbytes`` (int >= 0) on ``stream``; returns the key to free it with."""
         if nbytes <= 0:
             return -1
         key = self._next
         self._next += 1
-        self.events.append((int(nbytes), key))
+        self.events.append((int(nbytes), key, int(stream)))
         return key
 
     def free(self, key: int) -> None:
         """Free the allocation ``key`` (a no-op for a zero-byte one)."""
         if key >= 0:
-            self.events.append((-1, key))
+            self.events.append((-1, key, 0))
 
     def free_all(self, keys: list[int]) -> None:
         """Free ``keys`` in order, then empty the list."""
@@ -53,9 +56,9 @@ class Pattern:
             self.free(key)
         keys.clear()
 
-    def temporary(self, nbytes: int) -> None:
+    def temporary(self, nbytes: int, stream: int = Stream.DEFAULT) -> None:
         """A tensor created and freed at once (it raises the peak only while it lives)."""
-        self.free(self.alloc(nbytes))
+        self.free(self.alloc(nbytes, stream))
 
     def __len__(self) -> int:
         return len(self.events)
@@ -76,8 +79,8 @@ class PatternPeaks:
 
 
 def pattern_peaks(pattern: Pattern, settings: AllocatorSettings | None = None) -> PatternPeaks:
-    """Replay ``pattern`` through the caching-allocator model (one device, one stream, no
-    capacity limit) and return its peaks. Frees of unknown keys are ignored."""
+    """Replay ``pattern`` through the caching-allocator model (one device, each allocation on its
+    stream, no capacity limit) and return its peaks. Frees of unknown keys are ignored."""
     chosen = settings or _DEFAULT
     model = CachingAllocatorModel(
         divisions_by_interval=chosen.divisions_by_interval(),
@@ -88,9 +91,9 @@ def pattern_peaks(pattern: Pattern, settings: AllocatorSettings | None = None) -
     live: dict[int, object] = {}
     malloc, release = model.malloc, model.free
     peak_allocated = peak_reserved = 0
-    for nbytes, key in pattern.events:
+    for nbytes, key, stream in pattern.events:
         if nbytes > 0:
-            block = malloc(nbytes, 0)
+            block = malloc(nbytes, stream)
             live[key] = block
             if model.allocated > peak_allocated:
                 peak_allocated = model.allocated

@@ -231,13 +231,19 @@ def casts_outputs(ctx: TrainingContext) -> bool:
     return split and ctx.workload.precision.mixed and ctx.profile.loss_in_model
 
 
+def accumulates_unsharded(ctx: TrainingContext) -> bool:
+    """The framework's trainer accumulates micro-steps without gradient sync (``_NO_SYNC``) on
+    FSDP/HSDP, keeping every unsharded gradient until the last micro-step."""
+    parallel = ctx.workload.parallel
+    if ctx.profile.name not in _NO_SYNC or parallel.shard not in (Shard.FSDP, Shard.HSDP):
+        return False
+    return ctx.workload.grad_accum > 1 and not ctx.in_backward_step
+
+
 def _accumulated_grads(ctx: TrainingContext, stage: StageView) -> int:
     """Unsharded gradients of every trainable parameter in the reduce dtype, when the framework's
     trainer accumulates micro-steps without gradient sync (``_NO_SYNC``); else 0."""
-    parallel = ctx.workload.parallel
-    if ctx.profile.name not in _NO_SYNC or parallel.shard not in (Shard.FSDP, Shard.HSDP):
-        return 0
-    if ctx.workload.grad_accum == 1 or ctx.in_backward_step:
+    if not accumulates_unsharded(ctx):
         return 0
     r = 4 if ctx.profile.fsdp_reduce_fp32 else ctx.compute_bytes
     return stage.trainable_elements * r

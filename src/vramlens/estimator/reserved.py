@@ -59,20 +59,22 @@ __all__ = [
 #: and recomputed layer, parameter-sized tensors: see :func:`layer_churn`), by (expandable
 #: segments, parameters sharded by FSDP/ZeRO-3): non-negative least squares over the replays of
 #: ``benchmarks/allocator_fit.py`` (480 sampled catalog workloads on one GPU and on 8 with DDP,
-#: ZeRO-2 or FSDP, with and without recompute; seed 0).
+#: ZeRO-2 or FSDP, with and without recompute; seed 0). The sharded rows were refitted when the
+#: pattern gained FSDP's streams (all-gather outputs and sharded gradients in pools of their own,
+#: :mod:`vramlens.allocator.streams`): before, (0.020, 0.230, 0.056) and (0.004, 0.047, 0.018).
 LAYER_SLACK_FRACTION: Final = {
     (False, False): (0.056, 0.788, 0.097),
-    (False, True): (0.020, 0.230, 0.056),
+    (False, True): (0.033, 0.247, 0.213),
     (True, False): (0.008, 0.234, 0.028),
-    (True, True): (0.004, 0.047, 0.018),
+    (True, True): (0.017, 0.125, 0.169),
 }
 #: Upper quartile minus median of the replays' residual over the churn, by the same keys: the
 #: reserved margin (:mod:`vramlens.estimator.margins`, "modelled allocator").
 LAYER_SLACK_SPREAD: Final = {
     (False, False): 0.078,
-    (False, True): 0.024,
+    (False, True): 0.048,
     (True, False): 0.014,
-    (True, True): 0.006,
+    (True, True): 0.032,
 }
 #: Slack / final KV cache of transformers' DynamicCache decode (each step ``torch.cat`` makes
 #: every layer's keys and values one token longer), by expandable segments: medians of the
@@ -98,6 +100,8 @@ class TrainingSlack:
     """Closed-form slack of the decoder layers' churn."""
     spread_bytes: int
     """How far above ``layers_bytes`` the replays' upper quartile goes (the reserved margin)."""
+    replayed: bool = False
+    """The whole step was replayed (sharded parameters): ``layers_bytes`` is that replay's slack."""
 
     @property
     def total_bytes(self) -> int:
@@ -168,21 +172,36 @@ def _layer_gradients(ctx: TrainingContext, mem: StageMemory, edges: StepShape) -
     return max(0, elements) * edges.grad_bytes // edges.grads_sharded
 
 
+@lru_cache(maxsize=256)
+def _step_slack(shape: StepShape, loss: LossScript, micro_steps: int, settings: AllocatorSettings) -> int:
+    return max(0, replayed_slack(shape, loss, layers=shape.layers, micro_steps=micro_steps, settings=settings))
+
+
 def training_slack(
     ctx: TrainingContext, mem: StageMemory, targets: frozenset[str], settings: AllocatorSettings
 ) -> TrainingSlack:
-    """Allocator slack of one stage's step (see the module docstring)."""
-    edges = step_shape(ctx, mem, targets, layers=False)
-    vocabulary = _vocabulary_slack(
-        edges, training_loss_script(ctx, mem, targets), min(ctx.workload.grad_accum, 2), settings
-    )
+    """Allocator slack of one stage's step (see the module docstring). With parameters sharded
+    by FSDP2 (FSDP, HSDP) the whole step is replayed, every layer: its collective buffers sit in
+    their streams' pools (:mod:`vramlens.allocator.streams`), each pool's segments reach that
+    stream's own peak at its own instant and the pools add up, which no fraction of the churn
+    represents (``layers_bytes`` is then that replay's slack, ``vocabulary_bytes`` 0). FSDP2's pattern
+    is written buffer by buffer from its code and checked against the simulator's replay
+    (``tests/simulator/test_distributed.py``); FSDP1 and ZeRO-3 keep the closed form."""
+    micro_steps = min(ctx.workload.grad_accum, 2)
+    loss = training_loss_script(ctx, mem, targets)
     sharded = ctx.workload.parallel.shard in (Shard.FSDP, Shard.HSDP, Shard.ZERO3)
     key = (settings.expandable_segments, sharded)
     churn = layer_churn(mem)
+    spread = int(LAYER_SLACK_SPREAD[key] * sum(churn))
+    edges = step_shape(ctx, mem, targets, layers=False)
+    if edges.gather_copy_out:
+        whole = _step_slack(step_shape(ctx, mem, targets), loss, micro_steps, settings)
+        return TrainingSlack(vocabulary_bytes=0, layers_bytes=whole, spread_bytes=spread, replayed=True)
+    vocabulary = _vocabulary_slack(edges, loss, micro_steps, settings)
     return TrainingSlack(
         vocabulary_bytes=max(0, vocabulary - _layer_gradients(ctx, mem, edges)),
         layers_bytes=int(sum(f * c for f, c in zip(LAYER_SLACK_FRACTION[key], churn, strict=True))),
-        spread_bytes=int(LAYER_SLACK_SPREAD[key] * sum(churn)),
+        spread_bytes=spread,
     )
 
 

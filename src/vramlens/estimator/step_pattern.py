@@ -15,6 +15,15 @@ Order follows an eager PyTorch step (transformers' modules, ``loss.backward()``,
   copy of every tensor at once; per-tensor: two copies of one tensor at a time), then the
   gradients are freed.
 
+With sharded parameters each request is made on the stream the code makes it on
+(:mod:`vramlens.allocator.streams`): FSDP2 all-gathers a unit into a flat output on its all-gather
+stream and copies it out into the parameters on the compute stream (in forward the output lives
+until the next unit's copy-out, in backward only until its own, the next unit's all-gather being
+prefetched), keeps one reduce-scatter input on the compute stream, and makes each unit's sharded
+gradient (the reduce-scatter output, or its cast to the parameters' dtype) on the reduce-scatter
+stream; FSDP1 and ZeRO-3 make the gathered unit itself on the all-gather stream. A stream's freed
+blocks serve only that stream's later requests.
+
 Two steps are written (the first creates the optimizer state, the second is the steady state),
 with at most two micro-steps of gradient accumulation each.
 """
@@ -24,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from vramlens.allocator.pattern import Pattern
+from vramlens.allocator.streams import Stream
 from vramlens.estimator.loss_pattern import LossScript
 from vramlens.estimator.runtime import CUBLAS_WORKSPACE_BYTES
 from vramlens.estimator.step_shape import StepShape
@@ -51,15 +61,22 @@ class _Writer:
         self.p = Pattern()
         self.grads: list[int] = []
         self.states_made = False
+        self.held = -1  # FSDP2: the all-gather output kept for the next copy-out
+        self.tail: list[int] = []  # FSDP2: the tail unit's parameters, gathered from forward into backward
+        self.reduce_input = -1  # FSDP2: the last reduce-scatter input (one kept)
+        self.micro = 0
+        self.accumulated: dict[int, list[int]] = {}  # FSDP2 without sync: unsharded gradients by unit
 
     def _kind(self, layer: int) -> int:
         return layer % len(self.shape.saved)
 
     def trained_tensors(self) -> list[int]:
-        """Elements of every trained tensor, layers first (the optimizer's parameter order)."""
+        """Elements of every trained tensor in the model's parameter order, which is the optimizer's:
+        the embedding, the layers, the head (``model.parameters()`` of a transformers model)."""
         s = self.shape
         found = [t for i in range(self.layers) for t in s.layer_trained[self._kind(i)]]
-        return found + list(s.edge_trained)
+        first = list(s.edge_trained[:1]) if s.embedding_trained else []
+        return first + found + list(s.edge_trained[len(first) :])
 
     def load(self) -> None:
         p, s = self.p, self.shape
@@ -76,9 +93,18 @@ class _Writer:
                 p.alloc(elements * s.param_bytes)
 
     def _grad(self, elements: int) -> None:
-        """A gradient appears; with an optimizer in backward it is stepped and freed at once."""
+        """A gradient appears; with an optimizer in backward it is stepped and freed at once. With
+        sharded parameters it is one unit's flat reduce-scatter output on the reduce-scatter stream,
+        cast to the gradients' dtype on ``grad_stream`` when the reduce dtype differs."""
         s, p = self.shape, self.p
-        key = p.alloc(elements * s.grad_bytes // s.grads_sharded)
+        if s.gather_layer:
+            out = p.alloc(elements * s.reduce_bytes // s.grads_sharded, Stream.REDUCE_SCATTER)
+            key = out
+            if s.reduce_bytes != s.grad_bytes:
+                key = p.alloc(elements * s.grad_bytes // s.grads_sharded, s.grad_stream)
+                p.free(out)
+        else:
+            key = p.alloc(elements * s.grad_bytes // s.grads_sharded)
         if s.in_backward:
             if not self.states_made:
                 for _ in range(s.moments):
@@ -94,15 +120,50 @@ class _Writer:
             elif name in names:
                 self.p.free(names.pop(name))
 
+    def _unshard(self, output: int, tensors: tuple[int, ...]) -> list[int]:
+        """FSDP2's unshard of one unit in forward (``FSDPParamGroup.unshard`` / ``wait_for_unshard``):
+        the all-gather output on the all-gather stream, the parameters copied out of it on the
+        compute stream, then the previous unit's output freed (``comm_ctx.all_gather_state``); this
+        unit's output is held until the next unit's copy-out (or the root's post-forward)."""
+        p = self.p
+        made = p.alloc(output, Stream.ALL_GATHER)
+        params = [p.alloc(t) for t in tensors]
+        p.free(self.held)
+        self.held = made
+        return params
+
+    def _prefetched(self, output: int, tensors: tuple[int, ...]) -> list[int]:
+        """FSDP2's backward unshard of a unit prefetched by the previous one: copy-out, then the
+        all-gather output freed at once (``wait_for_unshard`` outside forward)."""
+        params = [self.p.alloc(t) for t in tensors]
+        self.p.free(self.held)
+        self.held = -1
+        del output
+        return params
+
     def forward(self) -> _Forward:
         """One micro-step's forward, up to the loss."""
         p, s = self.p, self.shape
         out = _Forward(at_end=[p.alloc(s.inputs)])
-        hidden = p.alloc(s.hidden)
-        gathered: list[int] = [p.alloc(s.gather_edges)]
+        copy_out = s.gather_copy_out
+        self.held = -1
+        if s.gather_embedding:  # the embedding's own unit, resharded after its forward
+            params = self._unshard(s.gather_embedding, (s.gather_embedding,))
+            hidden = p.alloc(s.hidden)
+            p.free_all(params)
+        elif copy_out and s.gather_tail and s.tied:  # the tied tail, gathered at the embedding and kept
+            self.tail = self._unshard(s.gather_tail, s.tail_tensors)
+            hidden = p.alloc(s.hidden)
+        else:
+            hidden = p.alloc(s.hidden)
+        gathered: list[int] = [] if copy_out else [p.alloc(s.gather_edges, Stream.ALL_GATHER)]
         cache: list[int] = []
         for i in range(self.layers):
-            gathered.append(p.alloc(s.gather_layer))
+            if copy_out:
+                gathered.append(-1)
+                params = self._unshard(s.gather_layer, s.unsharded_layer[self._kind(i)])
+            else:
+                gathered.append(p.alloc(s.gather_layer, Stream.ALL_GATHER))
             working = [p.alloc(piece) for piece in _pieces(s.forward_working, s.hidden)]
             casts = [p.alloc(c) for c in s.casts]
             layer = [p.alloc(nbytes) for nbytes in s.saved[self._kind(i)]]
@@ -111,32 +172,82 @@ class _Writer:
             new_hidden = p.alloc(s.hidden)
             p.free(hidden)
             hidden = new_hidden
-            if len(gathered) > 2:
+            if copy_out:
+                p.free_all(params)  # resharded after its forward
+                gathered.pop()
+            elif len(gathered) > 2:
                 p.free(gathered.pop(1))
             (layer if s.casts_kept else cache).extend(casts)
             out.kept.append(layer)
-        p.free_all(gathered[1:])
-        out.at_end += [hidden, p.alloc(s.non_layer), gathered[0]]
+        if copy_out:
+            if s.gather_tail and not s.tied:
+                self.tail = self._unshard(s.gather_tail, s.tail_tensors)
+            if not s.loss_in_model:
+                p.free(self.held)  # the root's post-forward frees the last all-gather output
+        else:
+            p.free_all(gathered[1:])
+        out.at_end += [hidden, p.alloc(s.non_layer), *gathered[:1]]
         out.head = [p.alloc(s.head_cast)]
         self._script(self.loss.forward, out.names)
+        if copy_out and s.loss_in_model:
+            p.free(self.held)
+        self.held = -1
         p.free_all(cache)  # the autocast cache is cleared when the forward's autocast region exits
         return out
+
+    def _reduce(self, unsharded: list[int], elements: int, unit: int = -1) -> None:
+        """FSDP2's post-backward reduce of one unit: the previous unit's reduce-scatter input
+        freed (``reduce_scatter_states``, one kept), this unit's made on the compute stream, the
+        unsharded gradients freed, the sharded gradient made on the reduce-scatter stream. Under
+        gradient accumulation without sync (``no_sync``) the first micro-step keeps the unsharded
+        gradients instead, and the last adds its own into them (in place) before reducing."""
+        p, s = self.p, self.shape
+        if s.no_sync and self.micro == 0:
+            self.accumulated[unit] = unsharded
+            return
+        if s.no_sync:
+            p.free_all(unsharded)
+            unsharded = self.accumulated.pop(unit, [])
+        p.free(self.reduce_input)
+        self.reduce_input = p.alloc(elements * s.reduce_bytes)
+        p.free_all(unsharded)
+        self._grad(elements)
 
     def backward(self, out: _Forward, *, grads: bool) -> None:
         """One micro-step's backward; ``grads``: gradients are created (the first micro-step)."""
         p, s = self.p, self.shape
+        copy_out = s.gather_copy_out
+        self.reduce_input = -1
         self._script(self.loss.backward, out.names)
+        head_grad = -1
+        if copy_out and grads and (s.head_trained or (s.tied and s.embedding_trained)):
+            head_grad = p.alloc(s.edge_trained[-1] * s.unsharded_bytes)  # the head's unsharded gradient
         dhidden = p.alloc(s.hidden)
-        if grads and s.head_trained:
+        if grads and s.head_trained and not copy_out:
             self._grad(s.edge_trained[-1])
         self._script((("-", "dlogits", 0),), out.names)
         p.free_all(out.head)
+        if copy_out:  # the tail's pre-backward prefetches the last layer; its post-backward reduces
+            self.held = p.alloc(s.gather_layer if self.layers else s.gather_embedding, Stream.ALL_GATHER)
+            if not s.tied:
+                p.free_all(self.tail)
+                if grads and s.head_trained:
+                    self._reduce([head_grad], s.edge_trained[-1] + s.tail_norm, self.layers + 1)
         for i in reversed(range(self.layers)):
-            gathered = [p.alloc(s.gather_layer), p.alloc(s.gather_layer_grads)]
+            if copy_out:  # copy-out, the output freed, the next unit (or the embedding) prefetched
+                gathered = self._prefetched(s.gather_layer, s.unsharded_layer[self._kind(i)])
+                self.held = p.alloc(s.gather_layer if i else s.gather_embedding, Stream.ALL_GATHER)
+                unsharded = [p.alloc(g) for g in s.unsharded_grads[self._kind(i)]] if grads else []
+            else:
+                gathered = [p.alloc(s.gather_layer, Stream.ALL_GATHER), p.alloc(s.gather_layer_grads)]
+                unsharded = []
             recomputed = [p.alloc(nbytes) for nbytes in s.recomputed]
             working = [p.alloc(piece) for piece in _pieces(s.working, s.hidden)]
             p.temporary(s.dequant)
-            if grads:
+            if grads and copy_out:
+                p.free_all(gathered)  # resharded after backward, before the reduce
+                self._reduce(unsharded, sum(s.layer_trained[self._kind(i)]), i)
+            elif grads:
                 for elements in s.layer_trained[self._kind(i)]:
                     self._grad(elements)
             p.free_all(out.kept[i])
@@ -146,12 +257,40 @@ class _Writer:
             dhidden = new_dhidden
             p.free_all(working)
             p.free_all(gathered)
-        if grads and s.embedding_trained:
+        if copy_out:
+            self._edges_backward(grads, head_grad)
+        elif grads and s.embedding_trained:
             self._grad(s.edge_trained[0])
         for name in list(out.names):
             p.free(out.names.pop(name))
         p.free(dhidden)
         p.free_all(out.at_end)
+
+    def _edges_backward(self, grads: bool, head_grad: int) -> None:
+        """FSDP2: the embedding's backward (its own unit, prefetched; or the tied tail, kept since
+        forward, whose gradient sums the head's and the embedding's), then the root's final
+        callback frees the last reduce-scatter input."""
+        p, s = self.p, self.shape
+        trained = grads and s.embedding_trained
+        if s.gather_embedding:
+            params = self._prefetched(s.gather_embedding, (s.gather_embedding,))
+            grad = p.alloc(s.edge_trained[0] * s.unsharded_bytes) if trained else -1
+            p.free_all(params)
+            if trained:
+                self._reduce([grad], s.edge_trained[0], self.layers)
+        elif s.tied:
+            p.free(self.held)
+            self.held = -1
+            grad = p.alloc(s.edge_trained[-1] * s.unsharded_bytes) if trained else -1
+            total = p.alloc(s.edge_trained[-1] * s.unsharded_bytes) if trained else -1
+            p.free_all([head_grad, grad])
+            p.free_all(self.tail)
+            if trained:
+                self._reduce([total], s.edge_trained[-1] + s.tail_norm, self.layers + 1)
+        p.free(self.held)
+        self.held = -1
+        p.free(self.reduce_input)
+        self.reduce_input = -1
 
     def optimizer(self) -> None:
         p, s = self.p, self.shape
@@ -191,6 +330,7 @@ def step_pattern(shape: StepShape, loss: LossScript, *, layers: int, micro_steps
     writer.load()
     for _ in range(2):
         for micro in range(min(micro_steps, 2)):
-            writer.backward(writer.forward(), grads=micro == 0)
+            writer.micro = micro
+            writer.backward(writer.forward(), grads=micro == 0 or shape.no_sync)
         writer.optimizer()
     return writer.p

@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from vramlens.estimator.fsdp import units
+from vramlens.allocator.streams import Stream
+from vramlens.estimator.fsdp import accumulates_unsharded, resolved_wrap, units
 from vramlens.estimator.layout import EMBED_NAMES, StageView
 from vramlens.estimator.optimizers import optimizer_model
 from vramlens.estimator.quantities import StageMemory
@@ -26,7 +27,7 @@ from vramlens.model.params import norm_parameters
 from vramlens.model.spec import LayerKind
 from vramlens.resolve._memo import memo
 from vramlens.resolve.context import TrainingContext
-from vramlens.workload.options import OptimizerImpl, Recompute, Shard
+from vramlens.workload.options import FsdpWrap, OptimizerImpl, Recompute, Shard
 
 __all__ = ["StepShape", "step_shape"]
 
@@ -77,8 +78,37 @@ class StepShape:
     inputs: int
     dequant: int
     gather_edges: int
+    """FSDP1 / ZeRO-3: the root unit (embedding and head), gathered on the all-gather stream for the step."""
     gather_layer: int
     gather_layer_grads: int
+    gather_embedding: int
+    """FSDP2: the input embedding's own unit (its all-gather output and parameters; 0 when tied or absent)."""
+    gather_tail: int
+    """FSDP2: the tail unit (final norm, head, the tied embedding), kept gathered from forward into backward."""
+    unsharded_layer: tuple[tuple[int, ...], ...]
+    """FSDP2: each layer kind's unsharded parameters, tensor by tensor (copy-out, compute stream)."""
+    unsharded_grads: tuple[tuple[int, ...], ...]
+    """FSDP2: each layer kind's unsharded gradients, tensor by tensor (autograd, compute stream)."""
+    tail_tensors: tuple[int, ...]
+    """FSDP2: the tail unit's unsharded parameters (final norm, head or tied embedding), bytes."""
+    tail_norm: int
+    """FSDP2: elements of the tail unit's trained final norm, reduced with the head (0 when frozen)."""
+    tied: bool
+    """FSDP2: the embedding is tied to the head, in the tail unit."""
+    unsharded_bytes: int
+    """Bytes per element of unsharded parameters and their gradients (FSDP's ``param_dtype``)."""
+    no_sync: bool
+    """FSDP2 under a trainer that accumulates micro-steps without gradient sync (unsharded gradients kept)."""
+    loss_in_model: bool
+    """The loss runs inside the model's forward (HF), before the root's post-forward."""
+    gather_copy_out: bool
+    """FSDP2 (``FrameworkProfile.fsdp2`` or the ``split`` wrapping): a unit's all-gather output
+    (all-gather stream) is copied out into its parameters on the compute stream; else (FSDP1,
+    ZeRO-3) the gathered unit itself is made on the all-gather stream."""
+    reduce_bytes: int
+    """Bytes per element of the reduce-scatter's input and output (FSDP's ``reduce_dtype``)."""
+    grad_stream: int
+    """Stream the sharded gradients are made on (:class:`~vramlens.allocator.streams.Stream`)."""
     grads_sharded: int
     states_sharded: int
     in_backward: bool
@@ -176,12 +206,13 @@ def _trained_edges(ctx: TrainingContext, stage: StageView) -> tuple[bool, bool, 
     return embedding, head, (table,) * (embedding + head)
 
 
-def _fsdp_sizes(ctx: TrainingContext, stage: StageView) -> tuple[int, int, int]:
-    """(edge units gathered through the step, one layer unit, its unsharded gradients), bytes."""
+def _fsdp_sizes(ctx: TrainingContext, stage: StageView) -> tuple[int, int, int, int, int]:
+    """(edge units gathered through the step, one layer unit, its unsharded gradients, the
+    embedding's own unit, the tail unit), bytes."""
     if ctx.workload.parallel.shard not in _PARAM_SHARDED:
-        return 0, 0, 0
+        return 0, 0, 0, 0, 0
     u = units(ctx, stage)
-    return u.embedding + u.tail, u.layer, u.layer_grads
+    return u.embedding + u.tail, u.layer, u.layer_grads, u.embedding, u.tail
 
 
 def step_shape(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str], *, layers: bool = True) -> StepShape:
@@ -200,8 +231,11 @@ def step_shape(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str], 
     group = stage.trainable[0] if stage.trainable else None
     a = ctx.compute_bytes
     saved, recomputed = _saved(ctx, mem, targets) if layers else ([], [])
-    gather_edges, gather_layer, gather_grads = _fsdp_sizes(ctx, stage)
+    gather_edges, gather_layer, gather_grads, gather_embedding, gather_tail = _fsdp_sizes(ctx, stage)
     full_cast = ctx.autocast and ctx.full
+    copy_out = parallel.shard in (Shard.FSDP, Shard.HSDP) and (
+        ctx.profile.fsdp2 or resolved_wrap(ctx) is FsdpWrap.SPLIT
+    )
     return StepShape(
         layers=stage.layers,
         edge_params=tuple(int(e * edge_bytes) // d_param for e in edges),
@@ -230,6 +264,19 @@ def step_shape(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str], 
         gather_edges=gather_edges,
         gather_layer=gather_layer,
         gather_layer_grads=gather_grads,
+        gather_embedding=gather_embedding if copy_out else 0,
+        gather_tail=gather_tail if copy_out else 0,
+        unsharded_layer=_unsharded(ctx, stage, kinds, layer_trained, a) if copy_out else ((),),
+        unsharded_grads=tuple(tuple(e * a for e in t) for t in layer_trained) if copy_out and layer_trained else ((),),
+        tail_tensors=(spec.hidden_size * a, table * a) if copy_out and gather_tail else (),
+        tail_norm=spec.hidden_size if copy_out and gather_tail and ctx.full else 0,
+        tied=copy_out and spec.tie_word_embeddings and stage.first and stage.last,
+        unsharded_bytes=a,
+        no_sync=copy_out and accumulates_unsharded(ctx),
+        loss_in_model=ctx.profile.loss_in_model,
+        gather_copy_out=copy_out,
+        reduce_bytes=4 if ctx.profile.fsdp_reduce_fp32 else a,
+        grad_stream=Stream.ALL_REDUCE if parallel.shard is Shard.HSDP else Stream.REDUCE_SCATTER,
         grads_sharded=ctx.shard_group if parallel.shard in _GRAD_SHARDED else 1,
         states_sharded=ctx.shard_group if parallel.shard in _STATE_SHARDED else 1,
         in_backward=ctx.in_backward_step,
@@ -251,6 +298,19 @@ def _layer_tensors(
             layer_params.append(tuple(int(w * frozen) // d_param for w in weights if w))
             layer_trained.append(tuple(_adapters(ctx, kind, targets)))
     return layer_params, layer_trained
+
+
+def _unsharded(
+    ctx: TrainingContext, stage: StageView, kinds: list[LayerKind], trained: list[tuple[int, ...]], a: int
+) -> tuple[tuple[int, ...], ...]:
+    """Each layer kind's unsharded parameters in the compute dtype, one tensor per parameter as
+    FSDP2's copy-out makes them (``FSDPParam.alloc_all_gather_outputs``): the weights, and with
+    LoRA the adapters beside them."""
+    found = []
+    for kind, adapters in zip(kinds, trained, strict=True):
+        weights = _layer_weights(ctx, kind, stage.layer_elements)
+        found.append(tuple(e * a for e in (*weights, *(() if ctx.full else adapters)) if e))
+    return tuple(found) or ((),)
 
 
 def _optimizer_fields(ctx: TrainingContext) -> dict[str, Any]:

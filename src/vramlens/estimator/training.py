@@ -115,6 +115,11 @@ def _slack_terms(slack: TrainingSlack, mem: StageMemory, alloc_conf: str) -> tup
 
 def _reserved_note(slack: TrainingSlack, alloc_conf: str) -> str:
     conf = f" under {alloc_conf}" if alloc_conf else ""
+    if slack.replayed:
+        return (
+            f"reserved: slack {format_bytes(slack.total_bytes)}{conf} = the whole step replayed through the "
+            "caching-allocator model, FSDP's collective buffers in their streams' pools"
+        )
     return (
         f"reserved: slack {format_bytes(slack.total_bytes)}{conf} = replayed vocabulary tensors "
         f"{format_bytes(slack.vocabulary_bytes)} + layer churn x fitted fractions {format_bytes(slack.layers_bytes)}"

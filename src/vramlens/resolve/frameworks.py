@@ -81,6 +81,11 @@ class FrameworkProfile:
     """LoRA adapters are kept in fp32 whatever the base dtype (PEFT ``autocast_adapter_dtype``)."""
     fsdp_wrap: FsdpWrap = FsdpWrap.ROOT
     """FSDP's units under ``fsdp_wrap: auto`` (:mod:`vramlens.estimator.fsdp`)."""
+    fsdp2: bool = False
+    """The framework's FSDP is always FSDP2 (``fully_shard``), whatever its units: torchtitan
+    (``apply_fsdp``), torchtune (``training.shard_model``). Else FSDP2 with the ``split`` wrapping
+    (transformers 5 Trainer) and FSDP1 with ``root``. Decides the streams of the gathered
+    parameters (:mod:`vramlens.allocator.streams`)."""
     fsdp_reduce_fp32: bool = False
     """FSDP reduce-scatters gradients in fp32 (torchtitan's ``mixed_precision_reduce``); else in the
     all-gathered parameters' dtype (accelerate: ``reduce_dtype`` = ``param_dtype``)."""
@@ -180,6 +185,7 @@ FRAMEWORKS: dict[Framework, FrameworkProfile] = {
         keeps_logits=False,
         adapters_fp32=False,
         fsdp_wrap=FsdpWrap.SPLIT,
+        fsdp2=True,
         fsdp_reduce_fp32=True,
         source="torchtitan train configs: optimizer.implementation 'fused', mixed_precision_param bf16 / reduce fp32, "
         "cross_entropy on logits.float(), compiled with the model when training.compile is set "
@@ -199,6 +205,7 @@ FRAMEWORKS: dict[Framework, FrameworkProfile] = {
         keeps_logits=False,
         adapters_fp32=False,
         compiles_per_layer=True,
+        fsdp2=True,
         source="torchtune CEWithChunkedOutputLoss(num_output_chunks=8); RMSNorm computes in fp32; recipes' AdamW fused=True; "
         "training.compile_model compiles each transformer layer separately (torchtune/training/_compile.py)",
     ),

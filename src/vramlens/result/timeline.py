@@ -70,10 +70,13 @@ class Timeline:
     """What the bytes are: ``tensor`` (raw storage bytes) or ``allocated`` (allocator-rounded)."""
     metadata: dict[str, Any] = field(default_factory=dict)
     """JSON-safe free-form facts about the run (source, model, device, ...)."""
+    stream: npt.NDArray[np.int8] | None = None
+    """The CUDA stream each event's storage was allocated on (:class:`vramlens.allocator.streams.Stream`
+    ids; the caching allocator keeps each stream's freed blocks apart); None: all on the default stream."""
 
     def __post_init__(self) -> None:
         n = len(self.nbytes)
-        for name in _COLUMNS:
+        for name in (*_COLUMNS, "stream") if self.stream is not None else _COLUMNS:
             column = getattr(self, name)
             if not isinstance(column, np.ndarray) or column.ndim != 1 or len(column) != n:
                 raise InputError(f"timeline.{name}: must be a 1-D array of {n} events")

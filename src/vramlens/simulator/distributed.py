@@ -44,6 +44,7 @@ from typing import Any
 from unittest import mock
 
 from vramlens._extras import require
+from vramlens.allocator.streams import Stream
 from vramlens.categories import Category
 from vramlens.resolve.context import TrainingContext
 from vramlens.simulator.build import SimulationError, torch_dtype
@@ -54,6 +55,7 @@ __all__ = [
     "check_sharding",
     "fake_process_group",
     "fsdp_categories",
+    "fsdp_streams",
     "gradient_sync",
     "shard_model",
     "shard_plan",
@@ -297,6 +299,55 @@ def fsdp_categories(tracker: Any) -> Iterator[None]:
     with (
         mock.patch.object(group, "wait_for_unshard", unshard),
         mock.patch.object(group, "post_backward", post_backward),
+    ):
+        yield
+
+
+#: FSDP2's streams (``FSDPCommContext.lazy_init``, ``_fsdp_param_group.py``) and their ids.
+_COMM_STREAMS = {
+    "all_gather_copy_in_stream": Stream.ALL_GATHER,
+    "all_gather_stream": Stream.ALL_GATHER_COMM,
+    "reduce_scatter_stream": Stream.REDUCE_SCATTER,
+    "all_reduce_stream": Stream.ALL_REDUCE,
+}
+
+
+@contextlib.contextmanager
+def fsdp_streams(tracker: Any) -> Iterator[None]:
+    """Record, for the block, the stream each storage is allocated on, as a CUDA run would: FSDP2
+    enters its collectives' streams with ``device_handle.stream(...)`` (``foreach_all_gather``,
+    ``foreach_reduce`` in ``_fsdp_collectives.py``); on CPU that is ``torch.cpu.stream``, a no-op
+    context that this wraps to set ``tracker.stream`` to the id of the stream entered (from the
+    streams ``FSDPCommContext.lazy_init`` made; any other stream is the default one). The replay
+    then keeps each stream's freed blocks apart (:mod:`vramlens.allocator.streams`)."""
+    torch = require("torch", purpose="vramlens simulate")
+    group_module = require("torch.distributed.fsdp._fully_shard._fsdp_param_group", purpose="vramlens simulate")
+    context_class = group_module.FSDPCommContext
+    known: dict[int, Stream] = {}
+    lazy_init, enter_stream = context_class.lazy_init, torch.cpu.stream
+
+    @functools.wraps(lazy_init)
+    def recording_lazy_init(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = lazy_init(self, *args, **kwargs)
+        for name, stream in _COMM_STREAMS.items():
+            found = getattr(self, name, None)
+            if found is not None:
+                known[id(found)] = stream
+        return result
+
+    @contextlib.contextmanager
+    def entered(stream: Any) -> Iterator[None]:
+        previous = tracker.stream
+        tracker.stream = known.get(id(stream), Stream.DEFAULT)
+        try:
+            with enter_stream(stream):
+                yield
+        finally:
+            tracker.stream = previous
+
+    with (
+        mock.patch.object(context_class, "lazy_init", recording_lazy_init),
+        mock.patch.object(torch.cpu, "stream", entered),
     ):
         yield
 

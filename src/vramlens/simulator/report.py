@@ -61,10 +61,12 @@ def _phase_memory(rounded: Timeline, name: str, start: int) -> PhaseMemory | Non
 
 
 def _reserved(timeline: Timeline, settings: AllocatorSettings) -> tuple[int, int]:
-    """Peak reserved bytes and OOM count of the run replayed with the cuBLAS workspace first."""
+    """Peak reserved bytes and OOM count of the run replayed with the cuBLAS workspace first, each
+    allocation on the stream it was recorded on (FSDP's collectives: :mod:`vramlens.allocator.streams`)."""
     sizes = np.concatenate([np.array([CUBLAS_WORKSPACE_BYTES], dtype=np.int64), timeline.nbytes])
     keys = np.concatenate([np.array([-1], dtype=np.int64), timeline.storage])
-    result = replay(sizes, keys, settings=settings)
+    streams = None if timeline.stream is None else np.concatenate([np.zeros(1, np.int8), timeline.stream])
+    result = replay(sizes, keys, streams, settings=settings)
     return result.peak_reserved_bytes, len(result.ooms)
 
 

@@ -27,6 +27,7 @@ from vramlens.simulator.distributed import (
     check_sharding,
     fake_process_group,
     fsdp_categories,
+    fsdp_streams,
     gradient_sync,
     shard_model,
     shard_plan,
@@ -156,7 +157,8 @@ def _simulate(ctx: TrainingContext, plan: ShardPlan | None, *, steps: int, fake_
     tracker.register_model(model)  # before the optimizer's hooks, so gradients are labelled first
     step = _optimizer_step(torch, params, ctx)
     labels = fsdp_categories(tracker) if plan is not None else contextlib.nullcontext()
-    with fake_mode, labels:
+    streams = fsdp_streams(tracker) if plan is not None else contextlib.nullcontext()
+    with fake_mode, labels, streams:
         ids = torch.randint(0, ctx.spec.vocab_size, (workload.batch, workload.seq))
         tracker.register(ids, "inputs")
         amp = torch.autocast("cpu", dtype=torch_dtype(workload.precision, 2)) if ctx.autocast else None

@@ -8,7 +8,8 @@ The format (documented for other tools in ``docs/timeline-format.md``) is a plai
   "stacks": [...], "base_bytes": int, "time_unit": "ns"|"event", "level":
   "tensor"|"allocated", "metadata": {...}}``;
 * one array per column, ``n`` entries each: ``time`` int64, ``nbytes`` int64,
-  ``category`` int8, ``phase``/``module``/``stack`` int32 (-1 = none), ``storage`` int64.
+  ``category`` int8, ``phase``/``module``/``stack`` int32 (-1 = none), ``storage`` int64;
+  optionally ``stream`` int8 (the allocation's CUDA stream; absent: all on the default stream).
 
 Category codes index the header's ``categories`` list, so files stay readable when
 vramlens adds categories; names it does not know load as ``other``.
@@ -47,6 +48,8 @@ _DTYPES = {
     "stack": np.int32,
     "storage": np.int64,
 }
+#: Optional columns: written when the timeline has them.
+_OPTIONAL_DTYPES = {"stream": np.int8}
 
 
 def save_timeline(timeline: Timeline, path: str | Path, *, compress: bool = False) -> Path:
@@ -66,6 +69,8 @@ def save_timeline(timeline: Timeline, path: str | Path, *, compress: bool = Fals
     }
     encoded = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
     columns = {name: getattr(timeline, name) for name in _DTYPES}
+    if timeline.stream is not None:
+        columns["stream"] = timeline.stream
     target = Path(path)
     saver = np.savez_compressed if compress else np.savez
     saver(target, header=encoded, **columns)
@@ -127,6 +132,8 @@ def _load_archive(handle: BinaryIO, path: str, max_bytes: int) -> Timeline:
         columns = {
             name: _column(_entry(archive, entries, name, path), name, header["events"], path) for name in _DTYPES
         }
+        if "stream.npy" in entries:
+            columns["stream"] = _column(_entry(archive, entries, "stream", path), "stream", header["events"], path)
     columns["category"] = _remap_categories(columns["category"], header["categories"], path)
     return Timeline(
         **columns,
@@ -201,8 +208,9 @@ def _header(raw: np.ndarray, path: str | Path) -> dict[str, Any]:
 
 
 def _column(column: np.ndarray, name: str, events: int, path: str | Path) -> np.ndarray:
-    if column.dtype != _DTYPES[name] or column.ndim != 1 or len(column) != events:
-        raise InputError(f"{path}: column {name!r} must be {np.dtype(_DTYPES[name]).name}[{events}]")
+    dtype = _DTYPES.get(name) or _OPTIONAL_DTYPES[name]
+    if column.dtype != dtype or column.ndim != 1 or len(column) != events:
+        raise InputError(f"{path}: column {name!r} must be {np.dtype(dtype).name}[{events}]")
     return np.asarray(column)
 
 

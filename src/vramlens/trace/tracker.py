@@ -97,6 +97,10 @@ class MemoryTracker(TorchDispatchMode):
         self._pointers: dict[int, int] = {}  # storage serial -> data pointer (allocator_events only)
         self._live: dict[int, tuple[int, int, weakref.ref[Any]]] = {}
         self._serial_category: list[int] = []
+        self._serial_stream: dict[int, int] = {}  # storage serial -> stream, when not the default one
+        self.stream = 0
+        """The stream new storages are allocated on (:class:`vramlens.allocator.streams.Stream`; the
+        simulator sets it where the real code enters a collective's stream)."""
         self._current = self._peak = self._window_peak = 0
         self._active = True
         self._paused = False
@@ -199,6 +203,10 @@ class MemoryTracker(TorchDispatchMode):
         if len(timeline):
             table = np.array(self._serial_category, dtype=np.int8)
             timeline = dataclasses.replace(timeline, category=table[timeline.storage])
+        if len(timeline) and self._serial_stream:
+            streams = np.zeros(len(self._serial_category), dtype=np.int8)
+            streams[list(self._serial_stream)] = list(self._serial_stream.values())
+            timeline = dataclasses.replace(timeline, stream=streams[timeline.storage])
         return timeline
 
     # -- dispatch mode -----------------------------------------------------------------
@@ -252,6 +260,8 @@ class MemoryTracker(TorchDispatchMode):
         serial = len(self._serial_category)
         code = _CODE[category] if category is not None else self._context.new_category()
         self._serial_category.append(code)
+        if self.stream:
+            self._serial_stream[serial] = self.stream
         if self._recorder is not None:
             self._pointers[serial] = storage.data_ptr()
         # A weak reference whose callback runs when the storage is freed (cheaper than weakref.finalize).
@@ -291,6 +301,8 @@ class MemoryTracker(TorchDispatchMode):
         if after:
             serial = len(self._serial_category)
             self._serial_category.append(code)
+            if self.stream:
+                self._serial_stream[serial] = self.stream
             if self._recorder is not None:
                 self._pointers[serial] = storage.data_ptr()
             self._record(after, code, serial, None)
