@@ -37,6 +37,7 @@ ALLOWED = frozenset(
         "vramlens.allocator._caching",
         "vramlens.allocator._replay",
         "vramlens.allocator.pattern",
+        "vramlens.allocator.streams",
         "vramlens.categories",
         "vramlens.cli",
         "vramlens.cli._from",
