@@ -18,7 +18,6 @@ from vramlens.estimate.layout import EMBED_NAMES, StageView, effective_quant, mi
 from vramlens.estimate.logits import LogitsMemory, logits_memory
 from vramlens.estimate.lora_head import training_lora_head, with_lora_head
 from vramlens.estimate.loss_outputs import fp32_model_outputs, loss_chunks, model_logits_bytes
-from vramlens.estimate.mixers import mixer_backward_working
 from vramlens.estimate.offload import gradient_buffers
 from vramlens.estimate.optimizers import OptimizerModel, optimizer_model
 from vramlens.estimate.qlora import dequantized_bytes, with_head_weight_cast
@@ -65,6 +64,8 @@ class StageMemory:
     forward_working: int = 0
     masks: float = 0.0
     """Attention masks alive during the forward only, bytes per token (see LayerActivations)."""
+    mixer_backward: float = 0.0
+    """A state mixer's scan backward beyond its layer, bytes per token on one rank (see LayerActivations)."""
     step_temp: int = 0
     terms: list[Term] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -175,6 +176,7 @@ def _activations(ctx: TrainingContext, mem: StageMemory, acts: LayerActivations)
     )
     mem.recompute = int(acts.transient_per_token * tokens)
     mem.masks = acts.masks_per_token
+    mem.mixer_backward = acts.mixer_backward_per_token
     h, a = ctx.spec.hidden_size, ctx.compute_bytes
     mem.inputs = mem.add("inputs (ids, labels)", Category.INPUTS, 16 * tokens, lambda: f"{tokens:,} tokens x 2 int64")
     rotary = 2 * a * ctx.spec.head_dim if stage.first else 0
@@ -230,7 +232,9 @@ def _working_sets(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str
       its backward proceeds, leaving ``a*(i + h)``, plus the adapters' output gradient;
     * forward: the norm's fp32 intermediate and the layer output (``4h + a*h``), or the
       LoRA adapter sums on the MLP if larger; under recompute nothing is kept, so the
-      MLP's live intermediates (``2*a*i + a*h``) plus the adapter sums.
+      MLP's live intermediates (``2*a*i + a*h``) plus the adapter sums;
+    * a state mixer's scan backward (Mamba 1's gradient buffers), beside its layer less what that
+      layer freed before it (``mem.mixer_backward``, :func:`vramlens.estimate.recompute.scan_backward_beyond`).
     """
     spec, a, tokens, tp = ctx.spec, ctx.compute_bytes, ctx.tokens, ctx.workload.parallel.tp
     h = spec.hidden_size
@@ -240,8 +244,6 @@ def _working_sets(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str
     recompute = ctx.workload.recompute in (Recompute.FULL, Recompute.OFFLOAD) and mem.recompute > 0
     adapter_sum, adapter_grad = _adapter_transients(ctx, targets, inner)
     backward = a * (inner + h) + adapter_grad if recompute else a * (2 * inner + 2 * h)
-    mixers = {spec.layers[index].mixer for index in mem.stage.layer_range}
-    backward = max(backward, mixer_backward_working(spec, mixers, seq=ctx.workload.seq, compute_bytes=a))
     forward = (a * h + 2 * a * inner + adapter_sum) if recompute else max(4 * h + a * h, adapter_sum)
     # Eager attention's score tensors come and go apart from the MLP's intermediates; a recomputed
     # layer's forward runs inside the backward pass, its kept tensors counted as the transient.
@@ -250,7 +252,8 @@ def _working_sets(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str
     )
     forward = max(forward, eager_forward if recompute else over_kept)
     backward = max(backward, eager_backward, over_kept if recompute else 0)
-    mem.working = int(tokens * backward / tp)
+    # A state mixer's scan backward (recompute.scan_backward_beyond), already per rank.
+    mem.working = int(tokens * max(backward / tp, mem.mixer_backward))
     mem.forward_working = int(tokens * (forward / tp + mem.masks))
 
 

@@ -15,7 +15,7 @@ from vramlens.estimate.activations import ffn_saved_parts, layer_saved_parts
 from vramlens.estimate.context import TrainingContext
 from vramlens.estimate.eager_attention import eager_transients
 from vramlens.estimate.frameworks import NormImpl
-from vramlens.estimate.mixers import KERNEL_ASSUMPTION, STATE_MIXERS
+from vramlens.estimate.mixers import KERNEL_ASSUMPTION, STATE_MIXERS, mixer_after_scan_parts, mixer_backward_working
 from vramlens.estimate.qlora import adapter_inputs_shared, base_output_bytes, kbit_prepared
 from vramlens.estimate.saved_parts import GATHERED, HEADS, SEQUENCE, LayerRecipe, Part, TrainState
 from vramlens.estimate.styles import hf_style
@@ -24,7 +24,14 @@ from vramlens.model.spec import FfnKind, LayerKind, LayerSpec, MixerKind
 from vramlens.workload.options import AttentionImpl, Framework, Method, Recompute
 from vramlens.workload.spec import ALL_LINEAR
 
-__all__ = ["LayerActivations", "eager_attention_working", "layer_activations", "layer_kind", "train_state"]
+__all__ = [
+    "LayerActivations",
+    "eager_attention_working",
+    "layer_activations",
+    "layer_kind",
+    "scan_backward_beyond",
+    "train_state",
+]
 
 
 def train_state(ctx: TrainingContext, targets: frozenset[str]) -> TrainState:
@@ -80,6 +87,9 @@ class LayerActivations:
     masks_per_token: float = 0.0
     """Attention masks alive while the layers run forward but kept by no one for backward
     (without recompute; a checkpointed layer keeps its mask argument, counted in ``saved``)."""
+    mixer_backward_per_token: float = 0.0
+    """A state mixer's backward working set beyond the layer bytes counted beside it
+    (:func:`scan_backward_beyond`; the largest over this rank's layer kinds, at least 0)."""
 
 
 def _per_token(parts: list[Part], tp: int, sequence_parallel: bool) -> float:
@@ -198,6 +208,7 @@ def _layer_activations(
         # What one layer re-creates in backward: its attention internals beyond what is kept.
         transient = max((max(0.0, full[key] - kept[key]) for key in kinds), default=0.0)
         notes.append("recompute selective: the attention core is recomputed; projections and MLP outputs are kept")
+    mixer_backward = _mixer_backward(ctx, recipe, full, transient if policy in _WHOLE_LAYER else None)
     example = max(kinds, key=lambda key: full[key]) if kinds else LayerKind()
     parts = tuple(layer_saved_parts(recipe, example))
     masks = _mask_bytes(ctx, recipe, kinds)
@@ -211,7 +222,49 @@ def _layer_activations(
         full_layer_parts=parts,
         notes=tuple(notes),
         masks_per_token=0.0 if checkpointed else masks,
+        mixer_backward_per_token=mixer_backward,
     )
+
+
+#: Policies that re-create a whole layer in backward (its bytes counted as ``transient``).
+_WHOLE_LAYER = (Recompute.FULL, Recompute.OFFLOAD)
+
+
+def _mixer_backward(
+    ctx: TrainingContext, recipe: LayerRecipe, full: dict[LayerKind, float], recomputed: float | None
+) -> float:
+    """The largest :func:`scan_backward_beyond` over the layer kinds (``full``: each kind's saved
+    bytes per token on one rank; ``recomputed``: the transient counted for a recomputed layer, None
+    when the layer being differentiated is counted once, in ``saved``)."""
+    tp = ctx.workload.parallel.tp
+    a = recipe.compute_bytes
+    return max(
+        (
+            scan_backward_beyond(
+                working=mixer_backward_working(ctx.spec, {key.mixer}, seq=recipe.seq, compute_bytes=a) / tp,
+                freed=_per_token(ffn_saved_parts(recipe, key) + mixer_after_scan_parts(recipe, key.mixer), tp, tp > 1),
+                held_beyond_layer=0.0 if recomputed is None else recomputed - layer_bytes,
+            )
+            for key, layer_bytes in full.items()
+        ),
+        default=0.0,
+    )
+
+
+def scan_backward_beyond(*, working: float, freed: float, held_beyond_layer: float) -> float:
+    """What the high point inside a state mixer's backward adds to the bytes the estimate already
+    counts for the layer being differentiated, bytes per token on one rank (at least 0).
+
+    Backward runs a layer in reverse: its feed-forward half and the mixer's tensors kept after the
+    scan (the gate, ``out_proj``'s input) are released before the scan's backward starts, so the
+    scan's gradient buffers (``working``, :func:`~vramlens.estimate.mixers.mixer_backward_working`)
+    sit beside the layer less those (``freed``). Where the estimate counts more than this layer at
+    that instant (``held_beyond_layer``: under full recompute the largest recomputed layer, which may
+    be another kind, e.g. Jamba's Mamba + MoE layer beside its Mamba + MLP one), that excess covers
+    part of the working set too. Source: the simulated Jamba step (tests/simulate/test_agreement.py),
+    whose backward peaks in the first step of a Mamba 1 scan's reversed token loop with its layer's
+    MLP, gate and ``out_proj`` inputs already freed."""
+    return max(0.0, working - freed - held_beyond_layer)
 
 
 def _mask_bytes(ctx: TrainingContext, recipe: LayerRecipe, kinds: dict[LayerKind, int]) -> float:
