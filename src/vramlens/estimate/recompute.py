@@ -7,11 +7,12 @@ a recomputed layer briefly re-creates during its backward (0 without recompute).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from vramlens.errors import InputError
 from vramlens.estimate._memo import memo
-from vramlens.estimate.activations import ffn_saved_parts, layer_saved_parts
+from vramlens.estimate.activations import ffn_saved_parts, layer_saved_parts, training_cache_parts
 from vramlens.estimate.context import TrainingContext
 from vramlens.estimate.eager_attention import eager_transients
 from vramlens.estimate.frameworks import NormImpl
@@ -32,6 +33,10 @@ __all__ = [
     "scan_backward_beyond",
     "train_state",
 ]
+
+
+#: Policies that re-create a whole layer in backward (its bytes counted as ``transient``).
+_WHOLE_LAYER = (Recompute.FULL, Recompute.OFFLOAD)
 
 
 def train_state(ctx: TrainingContext, targets: frozenset[str]) -> TrainState:
@@ -70,7 +75,19 @@ def _recipe(ctx: TrainingContext, state: TrainState, notes: list[str]) -> LayerR
         fused_pointwise=ctx.workload.compile,
         moe_capacity=ctx.workload.moe_capacity_factor or 1.0,
         linear_out_bytes=base_output_bytes(ctx),
+        training_cache=_training_cache(ctx),
     )
+
+
+def _training_cache(ctx: TrainingContext) -> bool:
+    """The text model fills a KV cache in the training forward (:attr:`HfStyle.training_cache`):
+    its config's ``use_cache`` is true (transformers' default; a nested ``text_config``'s own key,
+    else the flat config's) and gradient checkpointing, which turns it off, is not on."""
+    if not hf_style(ctx.spec.model_type).training_cache or ctx.workload.recompute in _WHOLE_LAYER:
+        return False
+    config = ctx.spec.config or {}
+    text = config.get("text_config")
+    return (text if isinstance(text, Mapping) else config).get("use_cache", True) is not False
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -181,7 +198,9 @@ def _layer_activations(
     layers = len(layer_range)
     if any(key.mixer in STATE_MIXERS for key in kinds):
         notes.append(KERNEL_ASSUMPTION)
-    full = {key: _per_token(layer_saved_parts(recipe, key), tp, sp) for key in kinds}
+    full = {
+        key: _per_token(layer_saved_parts(recipe, key) + training_cache_parts(recipe, key), tp, sp) for key in kinds
+    }
     total_full = sum(full[key] * count for key, count in kinds.items())
     largest = max(full.values()) if full else 0.0
     policy = ctx.workload.recompute
@@ -203,14 +222,16 @@ def _layer_activations(
         transient = largest
     else:
         flash = replace(recipe, attention=AttentionImpl.FLASH)
-        kept = {key: _per_token(layer_saved_parts(flash, key), tp, sp) for key in kinds}
+        kept = {
+            key: _per_token(layer_saved_parts(flash, key) + training_cache_parts(recipe, key), tp, sp) for key in kinds
+        }
         saved = sum(kept[key] * count for key, count in kinds.items())
         # What one layer re-creates in backward: its attention internals beyond what is kept.
         transient = max((max(0.0, full[key] - kept[key]) for key in kinds), default=0.0)
         notes.append("recompute selective: the attention core is recomputed; projections and MLP outputs are kept")
     mixer_backward = _mixer_backward(ctx, recipe, full, transient if policy in _WHOLE_LAYER else None)
     example = max(kinds, key=lambda key: full[key]) if kinds else LayerKind()
-    parts = tuple(layer_saved_parts(recipe, example))
+    parts = tuple(layer_saved_parts(recipe, example) + training_cache_parts(recipe, example))
     masks = _mask_bytes(ctx, recipe, kinds)
     # Eager adds its masks to the scores and SDPA turns them into a per-call bias: autograd keeps
     # neither; they live in the model's forward until it returns, unless a checkpoint keeps them
@@ -224,10 +245,6 @@ def _layer_activations(
         masks_per_token=0.0 if checkpointed else masks,
         mixer_backward_per_token=mixer_backward,
     )
-
-
-#: Policies that re-create a whole layer in backward (its bytes counted as ``transient``).
-_WHOLE_LAYER = (Recompute.FULL, Recompute.OFFLOAD)
 
 
 def _mixer_backward(
