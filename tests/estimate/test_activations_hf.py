@@ -27,11 +27,12 @@ from pathlib import Path
 import pytest
 
 from conftest import requires_hf
-from vramlens.estimate.activations import layer_saved_parts, training_cache_parts
+from vramlens.estimate.activations import layer_saved_parts
 from vramlens.estimate.context import resolve_training
 from vramlens.estimate.layout import lora_targets
 from vramlens.estimate.recompute import _recipe, layer_kind, train_state
 from vramlens.estimate.saved_parts import TrainState
+from vramlens.estimate.training_cache import training_cache_parts
 from vramlens.model.resolve import model_from_config
 from vramlens.model.spec import LayerKind
 from vramlens.workload.load import load_workload

@@ -20,9 +20,9 @@ def test_an_unknown_type_has_no_style_to_borrow() -> None:
 
 def _cache_bytes(config: dict, **workload: object) -> float:
     """Bytes per token the training KV cache adds to layer 1 (sliding, masked SDPA) of ``config``."""
-    from vramlens.estimate.activations import training_cache_parts
     from vramlens.estimate.context import resolve_training
     from vramlens.estimate.recompute import _recipe, layer_kind, train_state
+    from vramlens.estimate.training_cache import training_cache_parts
     from vramlens.model.resolve import model_from_config
     from vramlens.workload.load import load_workload
 

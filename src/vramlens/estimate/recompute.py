@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 from vramlens.errors import InputError
 from vramlens.estimate._memo import memo
-from vramlens.estimate.activations import ffn_saved_parts, layer_saved_parts, training_cache_parts
+from vramlens.estimate.activations import ffn_saved_parts, layer_saved_parts
 from vramlens.estimate.context import TrainingContext
 from vramlens.estimate.eager_attention import eager_transients
 from vramlens.estimate.frameworks import NormImpl
@@ -20,6 +20,7 @@ from vramlens.estimate.mixers import KERNEL_ASSUMPTION, STATE_MIXERS, mixer_afte
 from vramlens.estimate.qlora import adapter_inputs_shared, base_output_bytes, kbit_prepared
 from vramlens.estimate.saved_parts import GATHERED, HEADS, SEQUENCE, LayerRecipe, Part, TrainState
 from vramlens.estimate.styles import hf_style
+from vramlens.estimate.training_cache import training_cache_parts
 from vramlens.model.modules import all_layer_linears
 from vramlens.model.spec import FfnKind, LayerKind, LayerSpec, MixerKind
 from vramlens.workload.options import AttentionImpl, Framework, Method, Recompute
