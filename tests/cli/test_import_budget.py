@@ -73,6 +73,7 @@ ALLOWED = frozenset(
         "vramlens.estimator.saved_parts",
         "vramlens.estimator.step_pattern",
         "vramlens.estimator.step_shape",
+        "vramlens.estimator.training_cache",
         "vramlens.estimator.trl_head",
         "vramlens.estimator.logits_terms",
         "vramlens.estimator.memo_keys",

@@ -31,6 +31,7 @@ from vramlens.estimator.activations import layer_saved_parts
 from vramlens.estimator.layout import lora_targets
 from vramlens.estimator.recompute import _recipe, layer_kind, train_state
 from vramlens.estimator.saved_parts import TrainState
+from vramlens.estimator.training_cache import training_cache_parts
 from vramlens.model.resolve import model_from_config
 from vramlens.model.spec import LayerKind
 from vramlens.resolve.context import resolve_training
@@ -126,8 +127,11 @@ def _cases() -> list[object]:
     return cases
 
 
-def estimated_per_token(config: dict, *, precision: str, attention: str, layer: int = 1) -> float:
-    """vramlens' bytes per token for decoder layer ``layer`` (full fine-tuning, no TP)."""
+def estimated_per_token(
+    config: dict, *, precision: str, attention: str, layer: int = 1, training_cache: bool = False
+) -> float:
+    """vramlens' bytes per token for decoder layer ``layer`` (full fine-tuning, no TP): what autograd
+    saves, and with ``training_cache`` what the training forward's KV cache keeps beside it."""
     spec = model_from_config(config, name="tiny")
     workload = load_workload(
         {"model": "llama-3.1-8b", "precision": precision, "batch": 2, "seq": _SEQ, "attention": attention}
@@ -135,7 +139,8 @@ def estimated_per_token(config: dict, *, precision: str, attention: str, layer: 
     ctx = resolve_training(spec, workload)
     recipe = _recipe(ctx, train_state(ctx, lora_targets(ctx)), [])
     kind = layer_kind(spec.layers[layer], _SEQ)
-    return sum(part.bytes_per_token for part in layer_saved_parts(recipe, kind))
+    cache = training_cache_parts(recipe, kind) if training_cache else []
+    return sum(part.bytes_per_token for part in layer_saved_parts(recipe, kind) + cache)
 
 
 def _tolerance(family: str, precision: str, layer: int = 1) -> float:

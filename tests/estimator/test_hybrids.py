@@ -53,6 +53,45 @@ def test_the_mamba1_backward_working_set_is_four_fp32_state_tensors_per_token() 
     assert mixer_backward_working(spec, {MixerKind.ATTENTION}, seq=256, compute_bytes=2) == 0
 
 
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_the_mamba1_scan_backward_sits_beside_the_layer_mamba_half_only(recompute: str) -> None:
+    """Backward frees a Jamba layer's MLP or MoE half, its gate and out_proj input before the scan's
+    gradient buffers exist: the recomputed layer and the working set at that instant are the Mamba
+    half up to the scan plus four fp32 d_inner x N tensors per token, not the largest layer whole."""
+    from vramlens.estimator.activations import ffn_saved_parts, layer_saved_parts
+    from vramlens.estimator.mixers import mixer_after_scan_parts, mixer_backward_working
+    from vramlens.estimator.recompute import _recipe, layer_activations, layer_kind, train_state
+    from vramlens.model.components import MixerKind
+    from vramlens.resolve.context import resolve_training
+
+    spec = parse_config({**HYBRID_CONFIGS["jamba"], "max_position_embeddings": 4096})
+    workload = load_workload(
+        {"model": "llama-3.1-8b", "batch": 2, "seq": 128, "precision": "mixed-bf16", "recompute": recompute}
+    )
+    ctx = resolve_training(spec, workload)
+    state = train_state(ctx, frozenset())
+    acts = layer_activations(ctx, state, range(len(spec.layers)))
+    recipe = _recipe(ctx, state, [])
+    working = mixer_backward_working(spec, {MixerKind.MAMBA}, seq=128, compute_bytes=2)
+    kinds = {layer_kind(layer, 128) for layer in spec.layers if layer.mixer is MixerKind.MAMBA}
+    mamba_half = {
+        kind: sum(p.bytes_per_token for p in layer_saved_parts(recipe, kind))
+        - sum(p.bytes_per_token for p in ffn_saved_parts(recipe, kind) + mixer_after_scan_parts(recipe, kind.mixer))
+        for kind in kinds
+    }
+    assert len(kinds) == 2 and len(set(mamba_half.values())) == 1  # a Mamba + MLP and a Mamba + MoE kind
+    if recompute == "full":
+        at_scan = acts.transient_per_token + acts.mixer_backward_per_token
+        assert at_scan == pytest.approx(max(mamba_half.values()) + working)
+        assert at_scan < acts.transient_per_token + working  # the MoE half is gone by then
+    else:  # the smallest feed-forward half (the MLP's) is the least freed before a scan's backward
+        smallest = min(
+            sum(p.bytes_per_token for p in ffn_saved_parts(recipe, kind) + mixer_after_scan_parts(recipe, kind.mixer))
+            for kind in kinds
+        )
+        assert acts.mixer_backward_per_token == pytest.approx(working - smallest)
+
+
 def test_nemotron_h_logits_are_float32() -> None:
     # NemotronHForCausalLM returns lm_head(hidden).float(): the loss and the kept outputs hold fp32
     # logits (vocab 128 here: 2 bytes more per logit kept than a bf16 model's).

@@ -13,7 +13,6 @@ from vramlens.categories import Category
 from vramlens.estimator.fsdp import Unsharded, fsdp_memory
 from vramlens.estimator.layout import EMBED_NAMES, StageView, effective_quant, micro_batches_in_flight
 from vramlens.estimator.logits_terms import logits_terms
-from vramlens.estimator.mixers import mixer_backward_working
 from vramlens.estimator.offload import gradient_buffers
 from vramlens.estimator.optimizers import OptimizerModel, optimizer_model
 from vramlens.estimator.qlora import dequantized_bytes
@@ -157,6 +156,7 @@ def _activations(ctx: TrainingContext, mem: StageMemory, acts: LayerActivations)
     mem.recompute_bytes = int(acts.transient_per_token * tokens)
     mem.formulas["recompute_bytes"] = lambda: f"{acts.transient_per_token:,.0f} B/token x {tokens:,} tokens"
     mem.masks_bytes_per_token = acts.masks_per_token
+    mem.mixer_backward_bytes_per_token = acts.mixer_backward_per_token
     h, a = ctx.spec.hidden_size, ctx.compute_bytes
     mem.add(
         "inputs (ids, labels)",
@@ -236,7 +236,9 @@ def _working_sets(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str
       its backward proceeds, leaving ``a*(i + h)``, plus the adapters' output gradient;
     * forward: the norm's fp32 intermediate and the layer output (``4h + a*h``), or the
       LoRA adapter sums on the MLP if larger; under recompute nothing is kept, so the
-      MLP's live intermediates (``2*a*i + a*h``) plus the adapter sums.
+      MLP's live intermediates (``2*a*i + a*h``) plus the adapter sums;
+    * a state mixer's scan backward (Mamba 1's gradient buffers), beside its layer less what that
+      layer freed before it (``mem.mixer_backward_bytes_per_token``, :func:`vramlens.estimator.recompute.scan_backward_beyond`).
     """
     spec, a, tokens, tp = ctx.spec, ctx.compute_bytes, ctx.tokens, ctx.workload.parallel.tp
     h = spec.hidden_size
@@ -246,8 +248,6 @@ def _working_sets(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str
     recompute = ctx.workload.recompute in (Recompute.FULL, Recompute.OFFLOAD) and mem.recompute_bytes > 0
     adapter_sum, adapter_grad = _adapter_transients(ctx, targets, inner)
     backward = a * (inner + h) + adapter_grad if recompute else a * (2 * inner + 2 * h)
-    mixers = {spec.layers[index].mixer for index in mem.stage.layer_range}
-    backward = max(backward, mixer_backward_working(spec, mixers, seq=ctx.workload.seq, compute_bytes=a))
     forward = (a * h + 2 * a * inner + adapter_sum) if recompute else max(4 * h + a * h, adapter_sum)
     # Eager attention's score tensors come and go apart from the MLP's intermediates; a recomputed
     # layer's forward runs inside the backward pass, its kept tensors counted as the transient.
@@ -256,10 +256,14 @@ def _working_sets(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str
     )
     forward = max(forward, eager_forward if recompute else over_kept)
     backward = max(backward, eager_backward, over_kept if recompute else 0)
-    mem.working_bytes = int(tokens * backward / tp)
+    # A state mixer's scan backward (recompute.scan_backward_beyond), already per rank.
+    scan = mem.mixer_backward_bytes_per_token
+    mem.working_bytes = int(tokens * max(backward / tp, scan))
     mem.forward_working_bytes = int(tokens * (forward / tp + mem.masks_bytes_per_token))
     masks = mem.masks_bytes_per_token
-    mem.formulas["working_bytes"] = lambda: f"{backward:,.0f} B/token / tp {tp} x {tokens:,} tokens"
+    mem.formulas["working_bytes"] = lambda: (
+        f"max({backward:,.0f} B/token / tp {tp}, scan backward {scan:,.0f} B/token) x {tokens:,} tokens"
+    )
     mem.formulas["forward_working_bytes"] = lambda: (
         f"({forward:,.0f} B/token / tp {tp} + masks {masks:,.0f} B/token) x {tokens:,} tokens"
     )

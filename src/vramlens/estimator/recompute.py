@@ -6,14 +6,16 @@ a recomputed layer briefly re-creates during its backward (0 without recompute).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from vramlens.errors import InputError
 from vramlens.estimator.activations import ffn_saved_parts, layer_saved_parts
 from vramlens.estimator.eager_attention import eager_transients
-from vramlens.estimator.mixers import KERNEL_ASSUMPTION, STATE_MIXERS
+from vramlens.estimator.mixers import KERNEL_ASSUMPTION, STATE_MIXERS, mixer_after_scan_parts, mixer_backward_working
 from vramlens.estimator.qlora import adapter_inputs_shared, base_output_bytes
 from vramlens.estimator.saved_parts import GATHERED, HEADS, SEQUENCE, LayerRecipe, Part, TrainState
+from vramlens.estimator.training_cache import training_cache_parts
 from vramlens.model.modules import all_layer_linears
 from vramlens.model.spec import FfnKind, LayerKind, LayerSpec, MixerKind
 from vramlens.resolve._memo import memo
@@ -25,7 +27,18 @@ from vramlens.resolve.styles import hf_style
 from vramlens.workload.options import AttentionImpl, Framework, Method, Recompute
 from vramlens.workload.spec import ALL_LINEAR
 
-__all__ = ["LayerActivations", "eager_attention_working", "layer_activations", "layer_kind", "train_state"]
+__all__ = [
+    "LayerActivations",
+    "eager_attention_working",
+    "layer_activations",
+    "layer_kind",
+    "scan_backward_beyond",
+    "train_state",
+]
+
+
+#: Policies that re-create a whole layer in backward (its bytes counted as ``transient``).
+_WHOLE_LAYER = (Recompute.FULL, Recompute.OFFLOAD)
 
 
 def train_state(ctx: TrainingContext, targets: frozenset[str]) -> TrainState:
@@ -64,7 +77,19 @@ def _recipe(ctx: TrainingContext, state: TrainState, notes: list[str]) -> LayerR
         fused_pointwise=ctx.workload.compile,
         moe_capacity=ctx.workload.moe_capacity_factor or 1.0,
         linear_out_bytes=base_output_bytes(ctx),
+        training_cache=_training_cache(ctx),
     )
+
+
+def _training_cache(ctx: TrainingContext) -> bool:
+    """The text model fills a KV cache in the training forward (:attr:`HfStyle.training_cache`):
+    its config's ``use_cache`` is true (transformers' default; a nested ``text_config``'s own key,
+    else the flat config's) and gradient checkpointing, which turns it off, is not on."""
+    if not hf_style(ctx.spec.model_type).training_cache or ctx.workload.recompute in _WHOLE_LAYER:
+        return False
+    config = ctx.spec.config or {}
+    text = config.get("text_config")
+    return (text if isinstance(text, Mapping) else config).get("use_cache", True) is not False
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -81,6 +106,9 @@ class LayerActivations:
     masks_per_token: float = 0.0
     """Attention masks alive while the layers run forward but kept by no one for backward
     (without recompute; a checkpointed layer keeps its mask argument, counted in ``saved``)."""
+    mixer_backward_per_token: float = 0.0
+    """A state mixer's backward working set beyond the layer bytes counted beside it
+    (:func:`scan_backward_beyond`; the largest over this rank's layer kinds, at least 0)."""
 
 
 def _per_token(parts: list[Part], tp: int, sequence_parallel: bool) -> float:
@@ -187,7 +215,9 @@ def _layer_activations(
     layers = len(layer_range)
     if any(key.mixer in STATE_MIXERS for key in kinds):
         notes.append(KERNEL_ASSUMPTION)
-    full = {key: _per_token(layer_saved_parts(recipe, key), tp, sp) for key in kinds}
+    full = {
+        key: _per_token(layer_saved_parts(recipe, key) + training_cache_parts(recipe, key), tp, sp) for key in kinds
+    }
     total_full = sum(full[key] * count for key, count in kinds.items())
     largest = max(full.values()) if full else 0.0
     policy = ctx.workload.recompute
@@ -209,13 +239,16 @@ def _layer_activations(
         transient = largest
     else:
         flash = replace(recipe, attention=AttentionImpl.FLASH)
-        kept = {key: _per_token(layer_saved_parts(flash, key), tp, sp) for key in kinds}
+        kept = {
+            key: _per_token(layer_saved_parts(flash, key) + training_cache_parts(recipe, key), tp, sp) for key in kinds
+        }
         saved = sum(kept[key] * count for key, count in kinds.items())
         # What one layer re-creates in backward: its attention internals beyond what is kept.
         transient = max((max(0.0, full[key] - kept[key]) for key in kinds), default=0.0)
         notes.append("recompute selective: the attention core is recomputed; projections and MLP outputs are kept")
+    mixer_backward = _mixer_backward(ctx, recipe, full, transient if policy in _WHOLE_LAYER else None)
     example = max(kinds, key=lambda key: full[key]) if kinds else LayerKind()
-    parts = tuple(layer_saved_parts(recipe, example))
+    parts = tuple(layer_saved_parts(recipe, example) + training_cache_parts(recipe, example))
     masks = _mask_bytes(ctx, recipe, kinds)
     # Eager adds its masks to the scores and SDPA turns them into a per-call bias: autograd keeps
     # neither; they live in the model's forward until it returns, unless a checkpoint keeps them
@@ -227,7 +260,45 @@ def _layer_activations(
         full_layer_parts=parts,
         notes=tuple(notes),
         masks_per_token=0.0 if checkpointed else masks,
+        mixer_backward_per_token=mixer_backward,
     )
+
+
+def _mixer_backward(
+    ctx: TrainingContext, recipe: LayerRecipe, full: dict[LayerKind, float], recomputed: float | None
+) -> float:
+    """The largest :func:`scan_backward_beyond` over the layer kinds (``full``: each kind's saved
+    bytes per token on one rank; ``recomputed``: the transient counted for a recomputed layer, None
+    when the layer being differentiated is counted once, in ``saved``)."""
+    tp = ctx.workload.parallel.tp
+    a = recipe.compute_bytes
+    return max(
+        (
+            scan_backward_beyond(
+                working=mixer_backward_working(ctx.spec, {key.mixer}, seq=recipe.seq, compute_bytes=a) / tp,
+                freed=_per_token(ffn_saved_parts(recipe, key) + mixer_after_scan_parts(recipe, key.mixer), tp, tp > 1),
+                held_beyond_layer=0.0 if recomputed is None else recomputed - layer_bytes,
+            )
+            for key, layer_bytes in full.items()
+        ),
+        default=0.0,
+    )
+
+
+def scan_backward_beyond(*, working: float, freed: float, held_beyond_layer: float) -> float:
+    """What the high point inside a state mixer's backward adds to the bytes the estimate already
+    counts for the layer being differentiated, bytes per token on one rank (at least 0).
+
+    Backward runs a layer in reverse: its feed-forward half and the mixer's tensors kept after the
+    scan (the gate, ``out_proj``'s input) are released before the scan's backward starts, so the
+    scan's gradient buffers (``working``, :func:`~vramlens.estimator.mixers.mixer_backward_working`)
+    sit beside the layer less those (``freed``). Where the estimate counts more than this layer at
+    that instant (``held_beyond_layer``: under full recompute the largest recomputed layer, which may
+    be another kind, e.g. Jamba's Mamba + MoE layer beside its Mamba + MLP one), that excess covers
+    part of the working set too. Source: the simulated Jamba step (tests/simulator/test_agreement.py),
+    whose backward peaks in the first step of a Mamba 1 scan's reversed token loop with its layer's
+    MLP, gate and ``out_proj`` inputs already freed."""
+    return max(0.0, working - freed - held_beyond_layer)
 
 
 def _mask_bytes(ctx: TrainingContext, recipe: LayerRecipe, kinds: dict[LayerKind, int]) -> float:

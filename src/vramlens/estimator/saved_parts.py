@@ -102,6 +102,9 @@ class LayerRecipe:
     gated MLP from the kept gate output (gate, up and the down input stay: 3 intermediates
     instead of 4); a plain MLP keeps what eager keeps. Checked with saved-tensor hooks on a
     compiled layer (tests/estimator/test_compile_saved.py)."""
+    training_cache: bool = False
+    """The forward fills a KV cache (:attr:`HfStyle.training_cache`, the text config's ``use_cache``
+    true, no gradient checkpointing), which holds every attention layer's keys and values."""
     linear_out_bytes: int = 0
     """Bytes per element of a frozen base linear's output when it is not ``compute_bytes``:
     bitsandbytes' 4-bit linears return their input's dtype, fp32 on a k-bit-prepared QLoRA

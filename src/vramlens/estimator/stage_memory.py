@@ -90,6 +90,9 @@ class StageMemory:
     """A layer's forward working set (with the forward-only attention masks): inside its forward."""
     masks_bytes_per_token: float = 0.0
     """Attention masks alive during the forward only, bytes per token (see LayerActivations)."""
+    mixer_backward_bytes_per_token: float = 0.0
+    """A state mixer's scan backward beyond its layer, bytes per token on one rank (see
+    LayerActivations): inside that layer's backward."""
     step_temp_bytes: int = 0
     """The optimizer step's temporaries: inside optimizer.step()."""
     terms: list[Term] = field(default_factory=list)

@@ -231,11 +231,7 @@ def step_shape(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str], 
     group = stage.trainable[0] if stage.trainable else None
     a = ctx.compute_bytes
     saved, recomputed = _saved(ctx, mem, targets) if layers else ([], [])
-    gather_edges, gather_layer, gather_grads, gather_embedding, gather_tail = _fsdp_sizes(ctx, stage)
     full_cast = ctx.autocast and ctx.full
-    copy_out = parallel.shard in (Shard.FSDP, Shard.HSDP) and (
-        ctx.profile.fsdp2 or resolved_wrap(ctx) is FsdpWrap.SPLIT
-    )
     return StepShape(
         layers=stage.layers,
         edge_params=tuple(int(e * edge_bytes) // d_param for e in edges),
@@ -261,26 +257,43 @@ def step_shape(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str], 
         non_layer=mem.non_layer_bytes,
         inputs=mem.inputs_bytes,
         dequant=mem.dequant_bytes,
-        gather_edges=gather_edges,
-        gather_layer=gather_layer,
-        gather_layer_grads=gather_grads,
-        gather_embedding=gather_embedding if copy_out else 0,
-        gather_tail=gather_tail if copy_out else 0,
-        unsharded_layer=_unsharded(ctx, stage, kinds, layer_trained, a) if copy_out else ((),),
-        unsharded_grads=tuple(tuple(e * a for e in t) for t in layer_trained) if copy_out and layer_trained else ((),),
-        tail_tensors=(spec.hidden_size * a, table * a) if copy_out and gather_tail else (),
-        tail_norm=spec.hidden_size if copy_out and gather_tail and ctx.full else 0,
-        tied=copy_out and spec.tie_word_embeddings and stage.first and stage.last,
-        unsharded_bytes=a,
-        no_sync=copy_out and accumulates_unsharded(ctx),
+        **_fsdp_fields(ctx, stage, kinds, layer_trained, table),
         loss_in_model=ctx.profile.loss_in_model,
-        gather_copy_out=copy_out,
-        reduce_bytes=4 if ctx.profile.fsdp_reduce_fp32 else a,
-        grad_stream=Stream.ALL_REDUCE if parallel.shard is Shard.HSDP else Stream.REDUCE_SCATTER,
         grads_sharded=ctx.shard_group if parallel.shard in _GRAD_SHARDED else 1,
         states_sharded=ctx.shard_group if parallel.shard in _STATE_SHARDED else 1,
         in_backward=ctx.in_backward_step,
     )
+
+
+def _fsdp_fields(
+    ctx: TrainingContext, stage: StageView, kinds: list[LayerKind], layer_trained: list[tuple[int, ...]], table: int
+) -> dict[str, Any]:
+    """The :class:`StepShape` fields of parameter sharding: gathered units and, for FSDP2 (or
+    FSDP1 split units), the copy-out parameters, unsharded gradients and their streams."""
+    spec, parallel, a = ctx.spec, ctx.workload.parallel, ctx.compute_bytes
+    gather_edges, gather_layer, gather_grads, gather_embedding, gather_tail = _fsdp_sizes(ctx, stage)
+    copy_out = parallel.shard in (Shard.FSDP, Shard.HSDP) and (
+        ctx.profile.fsdp2 or resolved_wrap(ctx) is FsdpWrap.SPLIT
+    )
+    return {
+        "gather_edges": gather_edges,
+        "gather_layer": gather_layer,
+        "gather_layer_grads": gather_grads,
+        "gather_embedding": gather_embedding if copy_out else 0,
+        "gather_tail": gather_tail if copy_out else 0,
+        "unsharded_layer": _unsharded(ctx, stage, kinds, layer_trained, a) if copy_out else ((),),
+        "unsharded_grads": (
+            tuple(tuple(e * a for e in t) for t in layer_trained) if copy_out and layer_trained else ((),)
+        ),
+        "tail_tensors": (spec.hidden_size * a, table * a) if copy_out and gather_tail else (),
+        "tail_norm": spec.hidden_size if copy_out and gather_tail and ctx.full else 0,
+        "tied": copy_out and spec.tie_word_embeddings and stage.first and stage.last,
+        "unsharded_bytes": a,
+        "no_sync": copy_out and accumulates_unsharded(ctx),
+        "gather_copy_out": copy_out,
+        "reduce_bytes": 4 if ctx.profile.fsdp_reduce_fp32 else a,
+        "grad_stream": Stream.ALL_REDUCE if parallel.shard is Shard.HSDP else Stream.REDUCE_SCATTER,
+    }
 
 
 def _layer_tensors(

@@ -58,6 +58,12 @@ class HfStyle:
     sdpa_mask: bool = False
     """Every layer hands SDPA an explicit mask (Falcon): keys/values are repeated to all heads
     and the mask is kept per layer, as for sliding-window layers."""
+    training_cache: bool = False
+    """The multimodal wrapper leaves ``use_cache`` to its text model, which takes it from the text
+    config (true by default): a training forward builds a ``DynamicCache`` even under HF Trainer's
+    ``use_cache=False``, which Trainer sets on the top-level config only (Qwen2.5-VL, Qwen3-VL,
+    Gemma 3; Mistral 3 and Llama 4 pass the wrapper's value down). Checked on CPU with
+    transformers 5.23 (``out.past_key_values`` after a training forward)."""
     held_embeddings: int = 1
     """Hidden-size tensors the model's ``forward`` holds in locals through every layer
     (inference working set): ``inputs_embeds``; GPT-2 also ``position_embeds``."""
@@ -110,7 +116,7 @@ HF_STYLES: Final[dict[str, HfStyle]] = {
     "gemma": HfStyle(norm=NormStyle.GEMMA),
     "gemma2": HfStyle(norm=NormStyle.GEMMA, post_attn_norm=True, post_mlp_norm=True, sdpa=False),
     "gemma3_text": HfStyle(norm=NormStyle.GEMMA, post_attn_norm=True, post_mlp_norm=True, rope_sets=2),
-    "gemma3": HfStyle(norm=NormStyle.GEMMA, post_attn_norm=True, post_mlp_norm=True, rope_sets=2),
+    "gemma3": HfStyle(norm=NormStyle.GEMMA, post_attn_norm=True, post_mlp_norm=True, rope_sets=2, training_cache=True),
     "phi": HfStyle(norm=NormStyle.LAYERNORM, pre_mlp_norm=False, out_proj_copy=True),
     "gpt2": HfStyle(norm=NormStyle.LAYERNORM, eager_softmax_fp32=False, held_embeddings=2, mlp_held=2),
     "gpt_neox": HfStyle(norm=NormStyle.LAYERNORM, out_proj_copy=True, qkv_views=True),
@@ -139,9 +145,9 @@ HF_STYLES: Final[dict[str, HfStyle]] = {
         eager_softmax_fp32=False, dense_experts=True, flash=False, all_linear_lora=False, mlp_held=2
     ),
     "llama4": HfStyle(eager_softmax_fp32=False, dense_experts=True, flash=False, all_linear_lora=False, mlp_held=2),
-    "qwen2_5_vl": HfStyle(),
-    "qwen3_vl": HfStyle(),
-    "qwen3_vl_moe": HfStyle(),
+    "qwen2_5_vl": HfStyle(training_cache=True),
+    "qwen3_vl": HfStyle(training_cache=True),
+    "qwen3_vl_moe": HfStyle(training_cache=True),
     "mistral3": HfStyle(),
     "ministral3": HfStyle(),
     "qwen3_next": HfStyle(norm=NormStyle.GEMMA, out_proj_copy=True),

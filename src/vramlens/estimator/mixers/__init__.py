@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from vramlens.estimator.mixers.mamba import mamba_after_scan_parts
+from vramlens.estimator.saved_parts import LayerRecipe, Part
 from vramlens.model.components import MixerKind
 from vramlens.model.spec import ModelSpec
 from vramlens.model.ssm import MambaVersion
 
-__all__ = ["KERNEL_ASSUMPTION", "STATE_MIXERS", "mixer_backward_working"]
+__all__ = ["KERNEL_ASSUMPTION", "STATE_MIXERS", "mixer_after_scan_parts", "mixer_backward_working"]
 
 FP32 = 4
 #: Mixers with a per-sequence state, whose saved tensors follow the torch fallback's scans.
@@ -50,3 +52,18 @@ def mixer_backward_working(spec: ModelSpec, mixers: set[MixerKind], *, seq: int,
     """The largest backward working set, bytes per token, of the given mixers (0 for those whose
     backward stays within the MLP's working set)."""
     return max((_BACKWARD[kind](spec, seq, compute_bytes) for kind in mixers if kind in _BACKWARD), default=0.0)
+
+
+#: What a mixer with a backward working set keeps after its scan (freed before the scan's backward).
+_AFTER_SCAN: dict[MixerKind, Callable[[LayerRecipe], list[Part]]] = {
+    MixerKind.MAMBA: mamba_after_scan_parts,
+    MixerKind.ATTENTION_AND_MAMBA: mamba_after_scan_parts,
+}
+
+
+def mixer_after_scan_parts(recipe: LayerRecipe, mixer: MixerKind) -> list[Part]:
+    """The saved tensors (bytes per token) a mixer of kind ``mixer`` keeps after its scan, already
+    freed when the scan's backward working set (:func:`mixer_backward_working`) is alive; none for
+    mixers without such a working set."""
+    after = _AFTER_SCAN.get(mixer)
+    return after(recipe) if after is not None else []

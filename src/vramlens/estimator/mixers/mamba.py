@@ -25,7 +25,7 @@ from vramlens.estimator.saved_parts import FP32, LayerRecipe, Part, group_inputs
 from vramlens.model.components import LayerKind
 from vramlens.model.ssm import MambaSpec, MambaVersion
 
-__all__ = ["mamba_saved_parts"]
+__all__ = ["mamba_after_scan_parts", "mamba_saved_parts"]
 
 
 def _mixer(recipe: LayerRecipe) -> MambaSpec:
@@ -157,25 +157,43 @@ def _selective_scan(recipe: LayerRecipe) -> list[Part]:
     # fp32: the zero initial state and every step's state; else s - 1 fp32 states kept by the next
     # step, the zero state in the compute dtype and every state's copy the output matmul reads.
     states = f * d * n * (1 + 1 / s) if a == f else f * d * n * (s - 1) / s + a * d * n / s + a * d * n
-    trained = recipe.train.norms
     return [
         Part(name="time step before and after softplus", bytes_per_token=2 * a * d),
         Part(name="discretized A = exp(A dt) and dt B (fp32)", bytes_per_token=2 * f * d * n),
         Part(name="B and x in fp32", bytes_per_token=f * (n + d)),
         Part(name="scan states of every step", bytes_per_token=states),
         Part(name="C (each step's output matmul)", bytes_per_token=a * n),
-        Part(name="convolution output (D skip)", bytes_per_token=a * d if (trained and a != f) else 0),
+    ]
+
+
+def _selective_output(recipe: LayerRecipe) -> list[Part]:
+    """After the token loop: the ``D`` skip (keeps the convolution output when ``D`` trains, unless
+    that is the fp32 ``x`` already counted) and the gate (the fp32 scan output and ``silu(gate)``)."""
+    m, a, f = _mixer(recipe), recipe.compute_bytes, FP32
+    d = m.intermediate_size
+    return [
+        Part(name="convolution output (D skip)", bytes_per_token=a * d if (recipe.train.norms and a != f) else 0),
         Part(name="fp32 scan output and silu(gate)", bytes_per_token=f * d + a * d),
     ]
 
 
 def _mamba1(recipe: LayerRecipe, input_bytes: int) -> list[Part]:
     return (
-        _convolution(recipe, input_bytes) + _selective_projections(recipe) + _selective_scan(recipe) + _out_proj(recipe)
+        _convolution(recipe, input_bytes)
+        + _selective_projections(recipe)
+        + _selective_scan(recipe)
+        + _selective_output(recipe)
+        + _out_proj(recipe)
     )
 
 
 _BY_VERSION = {MambaVersion.MAMBA1: _mamba1, MambaVersion.MAMBA2: _mamba2}
+
+#: What each version keeps after its scan (the gate, the output projection's input).
+_AFTER_SCAN = {
+    MambaVersion.MAMBA1: lambda recipe: _selective_output(recipe) + _out_proj(recipe),
+    MambaVersion.MAMBA2: lambda recipe: _gated_norm(recipe) + _out_proj(recipe),
+}
 
 
 def mamba_saved_parts(recipe: LayerRecipe, input_bytes: int, kind: LayerKind | None = None) -> list[Part]:
@@ -184,3 +202,11 @@ def mamba_saved_parts(recipe: LayerRecipe, input_bytes: int, kind: LayerKind | N
     window and rotary flag do not apply."""
     parts = _BY_VERSION[_mixer(recipe).version](recipe, input_bytes)
     return [part for part in parts if part.bytes_per_token]
+
+
+def mamba_after_scan_parts(recipe: LayerRecipe) -> list[Part]:
+    """The part of :func:`mamba_saved_parts` that the mixer keeps after its scan (the gate and the
+    output projection's input, bytes per token): their backward runs first, so they are freed
+    before the scan's own backward begins (seen in the simulated Jamba step, where the scan's
+    gradient buffers peak after ``out_proj`` and the gate released their inputs)."""
+    return [part for part in _AFTER_SCAN[_mixer(recipe).version](recipe) if part.bytes_per_token]
