@@ -8,6 +8,7 @@ headroom rule, so a pruning bug that returned an implied-but-unestimated point w
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Any
 
@@ -85,8 +86,13 @@ def test_injected_time_model_ranks_the_plan() -> None:
 def test_pareto_drops_dominated_and_duplicate_points() -> None:
     report = estimate({"model": "llama-3.2-1b", "gpu": "a100-80gb"})
 
+    # A report with only its device figure changed: its phases lose their terms, which would no
+    # longer add up to the made-up figure (a MemoryReport refuses terms that do not add up).
+    phases = tuple(dataclasses.replace(phase, terms=()) for phase in report.phases)
+
     def point(peak: int, seconds: float) -> Evaluated:
-        fake = type(report)(**{**{f: getattr(report, f) for f in report.__dataclass_fields__}, "device_bytes": peak})
+        fields = {f: getattr(report, f) for f in report.__dataclass_fields__}
+        fake = type(report)(**{**fields, "device_bytes": peak, "phases": phases})
         return Evaluated(workload=report.workload, report=fake, seconds=seconds)
 
     a, b, c, d, e = point(10, 1.0), point(8, 2.0), point(9, 3.0), point(8, 2.0), point(5, 4.0)
