@@ -1,0 +1,383 @@
+"""Replayed layers: a training step of the cut model, expanded to the full model's events.
+
+The model is built with its repeated region cut to three units ``U0``, ``U1``, ``U2``
+(:mod:`vramlens.simulate._layers`) and the step runs for real under
+:class:`LabelTracker`, which notes, for each allocation made outside any module (optimizer,
+``zero_grad``, registration), the tracked tensor it came from. Every event then gets a
+*unit*: the unit of the layer running it (the innermost module in forward, the module whose
+backward began in backward), else the unit of the storage it frees or, for an allocation,
+of the tensor it came from (or, made from nothing, the unit of the event before). A
+storage belongs to the unit of its allocation.
+
+The full model runs ``U0``, ``U1``, ``k`` copies of ``U1`` and ``U2``. Each stretch of
+``U1``'s events is followed by a stretch of ``U2``'s (forward order: forward, optimizer,
+registration) or preceded by one (backward): the copies go between them, in that order,
+each with its own storages and module names; what ``U1`` does with ``U0``'s storages a copy
+does with the previous unit's, what it does with ``U2``'s with the next unit's (storages
+are matched by their place in the unit's allocations), and ``U2`` works with the last copy's.
+The expansion is refused (the step then runs in full) unless ``U0``, ``U1`` and ``U2``
+allocate alike, every ``U1`` stretch has one ``U2`` neighbour and only neighbouring units
+touch each other's storages. ``tests/simulate/test_replay.py`` checks, family by family,
+that the result equals the full run event for event.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from vramlens.simulate._layers import LayerCut
+from vramlens.trace.timeline import Timeline
+from vramlens.trace.tracker import MemoryTracker, _may_allocate, torch
+
+__all__ = ["LabelTracker", "Unresolved", "expand"]
+
+_NONE = -1
+#: ``source_unit`` of a registered tensor outside the cut layers.
+_OUTSIDE = -3
+
+
+class Unresolved(Exception):
+    """The cut run cannot be expanded exactly; the step runs in full."""
+
+
+class LabelTracker(MemoryTracker):
+    """A tracker that also notes where each allocation outside modules came from."""
+
+    def __init__(self, cut: LayerCut, *, capture_stacks: bool = False) -> None:
+        super().__init__(capture_stacks=capture_stacks, clock="event")
+        self.cut = cut
+        self.layer_prefix = ""
+        self.unit_of_storage: dict[int, int] = {}
+        self.source_unit: list[int] = []
+        """Per event: the unit of a registered layer tensor it allocates, else -1."""
+        self.source_serial: list[int] = []
+        """Per event: the tracked storage an allocation was made from, else -1."""
+        self._source: Any = None
+        self._key = 0
+        self._registering = False
+
+    def register_model(self, model: Any, *, name: str = "") -> None:
+        """Learn the cut layers' tensors and module names, then register as usual."""
+        if self.cut.region is None:  # nothing was cut: a plain run
+            super().register_model(model, name=name)
+            return
+        root = name or type(model).__name__
+        names = {id(module): f"{root}.{path}" if path else root for path, module in model.named_modules()}
+        self.layer_prefix = names[id(self.cut.layer_list)]
+        for position, layer in enumerate(self.cut.kept_layers):
+            unit = self.cut.unit_of(self.cut.original_index(position))
+            for tensor in (*layer.parameters(), *layer.buffers()):
+                self.unit_of_storage[id(tensor.untyped_storage())] = unit
+        super().register_model(model, name=name)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if self._paused or not _may_allocate(func):
+            return out
+        flat = [out] if isinstance(out, torch.Tensor) else torch.utils._pytree.tree_flatten(out)[0]
+        sources = _sources(args, len(flat))
+        for position, item in enumerate(flat):
+            if isinstance(item, torch.Tensor):
+                self._source = sources[position]
+                self._track(item, None)
+        self._source = None
+        return out
+
+    def _track(self, tensor: Any, category: Any, phase: int | None = None) -> None:
+        self._key = id(tensor.untyped_storage()) if not tensor.is_meta else 0
+        self._registering = category is not None
+        super()._track(tensor, category, phase)
+
+    def _record(self, nbytes: int, code: int, serial: int, phase: int | None) -> None:
+        super()._record(nbytes, code, serial, phase)
+        unit = source = _NONE
+        if nbytes >= 0:
+            unit = self.unit_of_storage.get(self._key, _OUTSIDE if self._registering else _NONE)
+            if self._source is not None:
+                found = self._live.get(id(self._source.untyped_storage()))
+                source = found[0] if found is not None else _NONE
+        self.source_unit.append(unit)
+        self.source_serial.append(source)
+
+
+def _sources(args: Any, outputs: int) -> list[Any]:
+    """Per output of an operator, the input tensor it is made from: the matching element of a
+    tensor list as long as the outputs (``_foreach_*``), else the first tensor input."""
+    first = None
+    for arg in args:
+        if isinstance(arg, list | tuple) and outputs > 1 and len(arg) == outputs:
+            if all(isinstance(item, torch.Tensor) for item in arg):
+                return list(arg)
+        if first is None:
+            if isinstance(arg, torch.Tensor):
+                first = arg
+            elif isinstance(arg, list | tuple) and arg and isinstance(arg[0], torch.Tensor):
+                first = arg[0]
+    return [first] * outputs
+
+
+@dataclass(frozen=True, kw_only=True)
+class Expanded:
+    """The full model's events and where an event of the cut run landed."""
+
+    timeline: Timeline
+    new_index: Any
+    """numpy array: the expanded index of each event of the cut run."""
+
+
+def expand(timeline: Timeline, tracker: LabelTracker) -> Expanded:
+    """The events of the full model (see the module doc); raises :class:`Unresolved`."""
+    cut = tracker.cut
+    assert cut.region is not None
+    copies = cut.region.copies
+    rename = _renamer(tracker.layer_prefix, cut)
+    module_unit = np.array([_unit_of_name(name, tracker.layer_prefix, cut) for name in timeline.modules] + [-1])
+    labels, owner = _labels(timeline, tracker, module_unit)
+    position, allocations = _positions(timeline, labels)
+    _check(timeline, labels, owner, allocations, rename)
+    runs = _runs(labels)
+    if not allocations[1]:
+        raise Unresolved("the template unit allocates nothing")
+    tables = _ModuleTables(timeline.modules, rename, copies, module_unit)
+    pieces: list[tuple[Any, ...]] = []
+    new_index = np.empty(len(timeline), dtype=np.int64)
+    emitted = 0
+    storages = _StorageMap(timeline, owner, position, allocations[1], copies)
+    for number, (first, stop, label) in enumerate(runs):
+        order = [0]
+        if label == 1:
+            after = runs[number + 1][2] if number + 1 < len(runs) else None
+            before = runs[number - 1][2] if number else None
+            if after == 2 and before != 2:
+                order = list(range(copies + 1))
+            elif before == 2 and after != 2:
+                order = list(range(copies, -1, -1))
+            else:
+                raise Unresolved("a stretch of the template unit has no single neighbour of the last unit")
+        for copy in order:
+            rows = slice(first, stop)
+            if copy == 0:
+                new_index[rows] = np.arange(emitted, emitted + stop - first)
+            pieces.append(
+                (
+                    timeline.nbytes[rows],
+                    timeline.category[rows],
+                    timeline.phase[rows],
+                    tables.codes(copy)[timeline.module[rows]],
+                    timeline.stack[rows],
+                    storages.of(rows, label, copy),
+                )
+            )
+            emitted += stop - first
+    columns = [np.concatenate([piece[i] for piece in pieces]) for i in range(6)]
+    _, first_seen, inverse = np.unique(columns[5], return_index=True, return_inverse=True)
+    serial = np.argsort(np.argsort(first_seen, kind="stable"), kind="stable")[inverse]
+    expanded = Timeline(
+        time=np.arange(emitted, dtype=np.int64),
+        nbytes=columns[0],
+        category=columns[1].astype(np.int8),
+        phase=columns[2].astype(np.int32),
+        module=columns[3].astype(np.int32),
+        stack=columns[4].astype(np.int32),
+        storage=serial.astype(np.int64),
+        phases=timeline.phases,
+        modules=tables.names,
+        stacks=timeline.stacks,
+        base_bytes=timeline.base_bytes,
+        time_unit=timeline.time_unit,
+        level=timeline.level,
+        metadata=dict(timeline.metadata),
+    )
+    return Expanded(timeline=expanded, new_index=new_index)
+
+
+def _unit_of_name(name: str, prefix: str, cut: LayerCut) -> int:
+    """Unit of a module name: 0-2 inside a region unit, -2 in another layer, -1 outside the layers."""
+    if not name.startswith(prefix + "."):
+        return -1
+    head = name[len(prefix) + 1 :].split(".", 1)[0].split("<", 1)[0]
+    if not head.isdigit():
+        return -1
+    position = int(head)
+    return cut.unit_of(cut.original_index(position))
+
+
+def _renamer(prefix: str, cut: LayerCut) -> Callable[[str, int], str]:
+    """rename(name, copy): the full model's name of a cut-model module name (copy >= 1: the
+    template unit's module in replayed unit ``copy``)."""
+    assert cut.region is not None
+    region = cut.region
+    pattern = re.compile(re.escape(prefix) + r"\.(\d+)(?=[.<]|$)")
+
+    def rename(name: str, copy: int) -> str:
+        def index(match: re.Match[str]) -> str:
+            original = cut.original_index(int(match.group(1)))
+            if copy:
+                original += copy * region.period
+            return f"{prefix}.{original}"
+
+        return pattern.sub(index, name, count=1)
+
+    return rename
+
+
+def _labels(timeline: Timeline, tracker: LabelTracker, module_unit: Any) -> tuple[list[int], dict[int, int]]:
+    """Each event's unit and each storage's owner unit (see the module doc)."""
+    modules = timeline.module.tolist()
+    nbytes = timeline.nbytes.tolist()
+    storage = timeline.storage.tolist()
+    unit_of_module = module_unit.tolist()
+    owner: dict[int, int] = {}
+    labels: list[int] = []
+    last = -1
+    for event, module in enumerate(modules):
+        unit = unit_of_module[module]
+        if storage[event] not in owner:  # its allocation
+            if module < 0:
+                unit = tracker.source_unit[event]
+                if unit == _OUTSIDE:
+                    unit = -1
+                elif unit == _NONE:
+                    source = tracker.source_serial[event]
+                    unit = owner.get(source, -1) if source != _NONE else last
+            owner[storage[event]] = unit
+        elif (unit == -1 or module < 0) and nbytes[event] < 0:
+            unit = owner.get(storage[event], -1)
+        labels.append(unit)
+        last = unit
+    return labels, owner
+
+
+def _positions(timeline: Timeline, labels: list[int]) -> tuple[dict[int, int], dict[int, list[int]]]:
+    """Each storage's place among its unit's allocations, and each unit's allocation events."""
+    allocations: dict[int, list[int]] = {0: [], 1: [], 2: []}
+    position: dict[int, int] = {}
+    for event in sorted(np.unique(timeline.storage, return_index=True)[1].tolist()):
+        unit = labels[event]
+        if unit in allocations:
+            position[int(timeline.storage[event])] = len(allocations[unit])
+            allocations[unit].append(event)
+    return position, allocations
+
+
+def _check(
+    timeline: Timeline,
+    labels: list[int],
+    owner: dict[int, int],
+    allocations: dict[int, list[int]],
+    rename: Callable[[str, int], str],
+) -> None:
+    """Refuse what the expansion cannot reproduce: units that allocate unlike, and storages
+    touched by events of units that are not their neighbours in the full model."""
+
+    def signature(event: int) -> tuple[Any, ...]:
+        module = int(timeline.module[event])
+        name = _relative(timeline.modules[module]) if module >= 0 else ""
+        return (
+            int(timeline.nbytes[event]),
+            int(timeline.category[event]),
+            int(timeline.phase[event]),
+            name,
+            int(timeline.stack[event]),
+        )
+
+    shapes = [[signature(event) for event in allocations[unit]] for unit in (0, 1, 2)]
+    if not shapes[0] == shapes[1] == shapes[2]:
+        raise Unresolved("the region's units allocate unlike")
+    allowed = {0: {0, 1, -1, -2}, 1: {0, 1, 2}, 2: {1, 2, -1, -2}}
+    for event, label in enumerate(labels):
+        unit = owner.get(int(timeline.storage[event]), -1)
+        if unit in allowed and label not in allowed[unit]:
+            raise Unresolved("a unit's storage is used outside its neighbours")
+        if label in (0, 2) and unit in (0, 2) and unit != label:
+            raise Unresolved("the first and last units share a storage")
+        if label == 1 and unit == -2:
+            raise Unresolved("the template unit uses a storage of a layer outside the region")
+
+
+_INDEX = re.compile(r"\.\d+(?=[.<]|$)")
+
+
+def _relative(name: str) -> str:
+    return _INDEX.sub(".#", name)
+
+
+def _runs(labels: list[int]) -> list[tuple[int, int, int]]:
+    """Maximal runs of one label: (first event, stop, label)."""
+    runs = []
+    first = 0
+    for event in range(1, len(labels) + 1):
+        if event == len(labels) or labels[event] != labels[first]:
+            runs.append((first, event, labels[first]))
+            first = event
+    return runs
+
+
+class _ModuleTables:
+    """The full model's module table (cut order, replayed units after the template's modules)
+    and, per copy, the code of each cut-model module in it."""
+
+    def __init__(self, names: tuple[str, ...], rename: Callable[[str, int], str], copies: int, unit: Any) -> None:
+        table: dict[str, int] = {}
+        template = [name for code, name in enumerate(names) if unit[code] == 1]
+        last = max((code for code in range(len(names)) if unit[code] == 1), default=-1)
+        base = []
+        for code, name in enumerate(names):
+            base.append(table.setdefault(rename(name, 0), len(table)))
+            if code == last:
+                for copy in range(1, copies + 1):
+                    for other in template:
+                        table.setdefault(rename(other, copy), len(table))
+        self.names = tuple(table)
+        self._maps = {0: np.array([*base, -1], dtype=np.int64)}
+        self._table, self._names, self._unit, self._rename = table, names, unit, rename
+
+    def codes(self, copy: int) -> Any:
+        """Array: cut-model module code (-1 last) -> full-model code, for replayed unit ``copy``."""
+        found = self._maps.get(copy)
+        if found is None:
+            found = self._maps[0].copy()
+            for code, name in enumerate(self._names):
+                if self._unit[code] == 1:
+                    found[code] = self._table[self._rename(name, copy)]
+            self._maps[copy] = found
+        return found
+
+
+class _StorageMap:
+    """Storages of an emitted stretch: the template's own become the copy's, its neighbours'
+    the neighbouring copies' (matched by their place in the unit's allocations)."""
+
+    def __init__(self, timeline: Timeline, owner: dict[int, int], position: dict[int, int], template: list[int], copies: int) -> None:
+        self.storage = timeline.storage
+        serials = timeline.storage.tolist()
+        self.owner = np.array([owner.get(s, -1) for s in serials], dtype=np.int64)
+        self.place = np.array([position.get(s, 0) for s in serials], dtype=np.int64)
+        self.template = timeline.storage[template] if template else np.zeros(0, dtype=np.int64)
+        self.size = len(template)
+        self.fresh = int(timeline.storage.max()) + 1 if len(timeline) else 0
+        self.copies = copies
+
+    def unit_storage(self, copy: int, place: Any) -> Any:
+        """Storage of the template's allocation ``place`` in unit copy ``copy`` (0: the template)."""
+        if copy == 0:
+            return self.template[place]
+        return self.fresh + (copy - 1) * self.size + place
+
+    def of(self, rows: slice, label: int, copy: int) -> Any:
+        storage, owner, place = self.storage[rows], self.owner[rows], self.place[rows]
+        if label == 1:
+            result = np.where(owner == 1, self.unit_storage(copy, place), storage)
+            if copy:
+                result = np.where(owner == 0, self.unit_storage(copy - 1, place), result)
+            if copy < self.copies:
+                result = np.where(owner == 2, self.unit_storage(copy + 1, place), result)
+            return result
+        if label == 2:
+            return np.where(owner == 1, self.unit_storage(self.copies, place), storage)
+        return storage
