@@ -6,8 +6,10 @@ The model is built with its repeated region cut to three units ``U0``, ``U1``, `
 ``zero_grad``, registration), the tracked tensor it came from. Every event then gets a
 *unit*: the unit of the layer running it (the innermost module in forward, the module whose
 backward began in backward), else the unit of the storage it frees or, for an allocation,
-of the tensor it came from (or, made from nothing, the unit of the event before). A
-storage belongs to the unit of its allocation.
+of the tensor it came from (or, made from nothing, the unit of the event before); a free
+between layers (the decoder loop dropping the previous layer's output) belongs to the unit
+that just ran when the storage is its own or its neighbour's. A storage belongs to the unit
+of its allocation.
 
 The full model runs ``U0``, ``U1``, ``k`` copies of ``U1`` and ``U2``. Each stretch of
 ``U1``'s events is followed by a stretch of ``U2``'s (forward order: forward, optimizer,
@@ -276,6 +278,8 @@ def _labels(timeline: Timeline, tracker: LabelTracker, module_unit: Any) -> tupl
             owner[storage[event]] = unit
         elif (unit == -1 or module < 0) and nbytes[event] < 0:
             unit = owner.get(storage[event], -1)
+            if module >= 0 and last in (0, 1, 2) and unit in (last - 1, last, last + 1):
+                unit = last  # freed between layers, by the loop: the unit that just ran
         labels.append(unit)
         last = unit
     return labels, owner
