@@ -83,7 +83,8 @@ class LabelTracker(MemoryTracker):
         if self._paused or not _may_allocate(func):
             return out
         flat = [out] if isinstance(out, torch.Tensor) else torch.utils._pytree.tree_flatten(out)[0]
-        sources = _sources(args, len(flat))
+        outside = self._context.where()[1] < 0  # only allocations outside modules need their source
+        sources = _sources(args, len(flat)) if outside else [None] * len(flat)
         for position, item in enumerate(flat):
             if isinstance(item, torch.Tensor):
                 self._source = sources[position]
