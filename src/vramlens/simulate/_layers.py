@@ -48,6 +48,11 @@ class Region:
         """Units replayed between the template ``U1`` and the last unit ``U2``."""
         return (self.stop - self.start) // self.period - 3
 
+    def later(self, units: int) -> Region | None:
+        """The region starting ``units`` units later (None when fewer than four units are left)."""
+        start = self.start + units * self.period
+        return Region(start=start, period=self.period, stop=self.stop) if self.stop - start >= 4 * self.period else None
+
     def kept(self, total: int) -> list[int]:
         """Original indexes of the layers the cut model keeps, in order."""
         p, s = self.period, self.start
@@ -65,6 +70,11 @@ class LayerCut:
     layer_list: Any = None
     checkpointed: dict[int, bool] = field(default_factory=dict)
     """id(layer) -> whether the full model checkpoints it (``recompute_every`` > 1)."""
+    frozen_input: bool = False
+    """The embedding output needs no gradient (LoRA, QLoRA): layer 0's backward differs from the
+    others', so a region that starts at layer 0 starts one unit later."""
+    skip_units: int = 0
+    """Units more to leave out at the region's start (a retry after the units allocated unlike)."""
 
     def original_index(self, position: int) -> int:
         """The full model's index of the cut list's layer ``position``."""
@@ -94,6 +104,8 @@ def cutter(workload: Any, layers_path: str | None, every: int, cut: LayerCut) ->
         parent, name, layers = found
         checkpointed = _checkpoint_flags(model, every)
         region = plan_region(_kinds(model, list(layers), checkpointed))
+        if region is not None:
+            region = region.later(cut.skip_units + (1 if cut.frozen_input and region.start == 0 else 0))
         if region is None:
             return
         cut.region, cut.total, cut.checkpointed = region, len(layers), checkpointed

@@ -6,7 +6,7 @@ The model is built with its repeated region cut to three units ``U0``, ``U1``, `
 ``zero_grad``, registration), the tracked tensor it came from. Every event then gets a
 *unit*: the unit of the layer running it (the innermost module in forward, the module whose
 backward began in backward), else the unit of the storage it frees or, for an allocation,
-of the tensor it came from (or, made from nothing, the unit of the event before); a free
+of the tensor it came from (or, made from nothing, the unit of the next allocation); a free
 between layers (the decoder loop dropping the previous layer's output) belongs to the unit
 that just ran when the storage is its own or its neighbour's. A storage belongs to the unit
 of its allocation.
@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from vramlens.simulate._layers import LayerCut
+from vramlens.trace._subclass import plain_tensors
 from vramlens.trace.timeline import Timeline
 from vramlens.trace.tracker import MemoryTracker, _may_allocate, torch
 
@@ -45,7 +46,12 @@ _OUTSIDE = -3
 
 
 class Unresolved(Exception):
-    """The cut run cannot be expanded exactly; the step runs in full."""
+    """The cut run cannot be expanded exactly; the step runs in full (or, with ``retry``, the
+    region is tried again one unit later)."""
+
+    def __init__(self, reason: str, *, retry: bool = False) -> None:
+        super().__init__(reason)
+        self.retry = retry
 
 
 class LabelTracker(MemoryTracker):
@@ -74,7 +80,7 @@ class LabelTracker(MemoryTracker):
         self.layer_prefix = names[id(self.cut.layer_list)]
         for position, layer in enumerate(self.cut.kept_layers):
             unit = self.cut.unit_of(self.cut.original_index(position))
-            for tensor in (*layer.parameters(), *layer.buffers()):
+            for tensor in plain_tensors([*layer.parameters(), *layer.buffers()]):  # FSDP2: the local shards
                 self.unit_of_storage[id(tensor.untyped_storage())] = unit
         super().register_model(model, name=name)
 
@@ -96,6 +102,10 @@ class LabelTracker(MemoryTracker):
         self._key = id(tensor.untyped_storage()) if not tensor.is_meta else 0
         self._registering = category is not None
         super()._track(tensor, category, phase)
+
+    def _resized(self, storage: Any, before: int, after: int) -> None:
+        self._key, self._source, self._registering = id(storage), None, False
+        super()._resized(storage, before, after)
 
     def _record(self, nbytes: int, code: int, serial: int, phase: int | None) -> None:
         super()._record(nbytes, code, serial, phase)
@@ -258,13 +268,33 @@ def _renamer(prefix: str, cut: LayerCut) -> Callable[[str, int], str]:
 
 
 def _labels(timeline: Timeline, tracker: LabelTracker, module_unit: Any) -> tuple[list[int], dict[int, int]]:
-    """Each event's unit and each storage's owner unit (see the module doc)."""
+    """Each event's unit and each storage's owner unit (see the module doc). An allocation made
+    from nothing outside modules (an optimizer's step counter, made before the moments of its
+    parameter) takes the unit of the next allocation that has one: two passes."""
+    labels, owner, made_from_nothing = _label_pass(timeline, tracker, module_unit, {})
+    following = -1
+    resolved: dict[int, int] = {}
+    for event in range(len(labels) - 1, -1, -1):
+        if event in made_from_nothing:
+            resolved[event] = following
+        elif int(timeline.nbytes[event]) > 0 and labels[event] is not None:
+            following = labels[event]
+    if not resolved:
+        return labels, owner
+    labels, owner, _ = _label_pass(timeline, tracker, module_unit, resolved)
+    return labels, owner
+
+
+def _label_pass(
+    timeline: Timeline, tracker: LabelTracker, module_unit: Any, resolved: dict[int, int]
+) -> tuple[list[int], dict[int, int], set[int]]:
     modules = timeline.module.tolist()
     nbytes = timeline.nbytes.tolist()
     storage = timeline.storage.tolist()
     unit_of_module = module_unit.tolist()
     owner: dict[int, int] = {}
     labels: list[int] = []
+    made_from_nothing: set[int] = set()
     last = -1
     for event, module in enumerate(modules):
         unit = unit_of_module[module]
@@ -275,7 +305,11 @@ def _labels(timeline: Timeline, tracker: LabelTracker, module_unit: Any) -> tupl
                     unit = -1
                 elif unit == _NONE:
                     source = tracker.source_serial[event]
-                    unit = owner.get(source, -1) if source != _NONE else last
+                    if source != _NONE:
+                        unit = owner.get(source, -1)
+                    else:
+                        made_from_nothing.add(event)
+                        unit = resolved.get(event, -1)
             owner[storage[event]] = unit
         elif (unit == -1 or module < 0) and nbytes[event] < 0:
             unit = owner.get(storage[event], -1)
@@ -283,7 +317,7 @@ def _labels(timeline: Timeline, tracker: LabelTracker, module_unit: Any) -> tupl
                 unit = last  # freed between layers, by the loop: the unit that just ran
         labels.append(unit)
         last = unit
-    return labels, owner
+    return labels, owner, made_from_nothing
 
 
 def _positions(timeline: Timeline, labels: list[int]) -> tuple[dict[int, int], dict[int, list[int]]]:
@@ -321,7 +355,7 @@ def _check(
 
     shapes = [[signature(event) for event in allocations[unit]] for unit in (0, 1, 2)]
     if not shapes[0] == shapes[1] == shapes[2]:
-        raise Unresolved("the region's units allocate unlike")
+        raise Unresolved("the region's units allocate unlike", retry=shapes[1] == shapes[2])
     allowed = {0: {0, 1, -1, -2}, 1: {0, 1, 2}, 2: {1, 2, -1, -2}}
     for event, label in enumerate(labels):
         unit = owner.get(int(timeline.storage[event]), -1)

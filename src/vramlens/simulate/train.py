@@ -142,35 +142,44 @@ def simulate_training(
     check_training(ctx)
     plan = shard_plan(ctx)
     with fake_process_group(plan):
-        if replay and plan is None:
-            run = _replayed(ctx, steps=steps, fake_mode=fake_mode, capture_stacks=tracker.capture_stacks)
+        if replay:
+            run = _replayed(ctx, plan, steps=steps, fake_mode=fake_mode, capture_stacks=tracker.capture_stacks)
             if run is not None:
                 return run
         return _simulate(ctx, plan, steps=steps, fake_mode=fake_mode, tracker=tracker)
 
 
-def _replayed(ctx: TrainingContext, *, steps: int, fake_mode: Any, capture_stacks: bool) -> TrainingRun | None:
+def _replayed(
+    ctx: TrainingContext, plan: ShardPlan | None, *, steps: int, fake_mode: Any, capture_stacks: bool
+) -> TrainingRun | None:
     """The run of the cut model expanded to the full one, or None when it cannot be exact."""
     from vramlens.simulate._layers import LayerCut
     from vramlens.simulate._replay import LabelTracker, Unresolved, expand
 
-    cut = LayerCut()
-    tracker = LabelTracker(cut, capture_stacks=capture_stacks)
-    try:
-        run = _simulate(ctx, None, steps=steps, fake_mode=fake_mode, tracker=tracker, cut=cut)
-    finally:
-        tracker.close()
-    if cut.region is None:
-        return run  # nothing to replay: every layer ran
-    try:
-        expanded = expand(run.timeline, tracker)
-    except Unresolved:
+    frozen_input = ctx.workload.method.value != "full"
+    for skip in (0, 1):  # the second time, the region starts a unit later (its first unit was unlike)
+        cut = LayerCut(frozen_input=frozen_input, skip_units=skip)
+        tracker = LabelTracker(cut, capture_stacks=capture_stacks)
+        try:
+            run = _simulate(ctx, plan, steps=steps, fake_mode=fake_mode, tracker=tracker, cut=cut)
+        finally:
+            tracker.close()
+        if cut.region is None:
+            return run if not skip else None  # nothing to replay: every layer ran
+        try:
+            expanded = expand(run.timeline, tracker)
+            break
+        except Unresolved as refusal:
+            if not refusal.retry:
+                return None
+    else:
         return None
     region = cut.region
     first, last = region.start + 2 * region.period, region.stop - region.period - 1
+    template = f"layer {first - 1}" if region.period == 1 else f"layers {region.start + region.period}-{first - 1}"
     note = (
         f"decoder layers {first}-{last} ({last - first + 1} of {cut.total}) replayed from the recorded events of "
-        f"layers {region.start + region.period}-{first - 1}, built alike (replay=False runs every layer)"
+        f"{template}, built alike (replay=False runs every layer)"
     )
     start = int(expanded.new_index[run.last_step_start]) if run.last_step_start < len(run.timeline) else 0
     return TrainingRun(timeline=expanded.timeline, last_step_start=start, notes=(*run.notes, note))
@@ -196,7 +205,7 @@ def _simulate(
     notes = _recompute(model, workload, cut.checkpointed if cut is not None else None)
     notes += [note for note in (attention_note(model), quant_note(model)) if note]
     if plan is not None:
-        notes += shard_model(model, plan, fake_mode=fake_mode)
+        notes += shard_model(model, plan, fake_mode=fake_mode, total_layers=cut.total if cut and cut.region else None)
     notes.append("the loop keeps the model outputs (logits) through backward (HF Trainer drops them first)")
     params = [p for p in model.parameters() if p.requires_grad]
     tracker.register_model(model)  # before the optimizer's hooks, so gradients are labelled first
