@@ -17,6 +17,7 @@ a LoRA target or quantization skip entry naming a layer by index.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -233,6 +234,8 @@ def _value_key(value: Any) -> Any:
         return ("map", tuple((key if isinstance(key, str) else None, _value_key(item)) for key, item in value.items()))
     if hasattr(value, "shape") and hasattr(value, "dtype"):
         return ("tensor", tuple(value.shape), str(value.dtype))
+    if isinstance(value, functools.partial):  # a partial per layer (GELU's tanh approximation)
+        return ("partial", _value_key(value.func), _value_key(value.args), _value_key(value.keywords))
     if callable(value) and hasattr(value, "__qualname__"):
         return ("call", getattr(value, "__module__", ""), value.__qualname__)
     return ("object", type(value).__qualname__, id(value))
