@@ -114,7 +114,9 @@ def bare_step(model_name: str) -> Callable[[], None]:
     with real_code_paths():
         model = build_model(ctx.spec, workload, dtype=dtype, attention=ctx.attention, fake_mode=fake)
     model.train()
-    optimizer = OPTIMIZERS[workload.optimizer](torch, [p for p in model.parameters() if p.requires_grad], ctx.optimizer_impl)
+    optimizer = OPTIMIZERS[workload.optimizer](
+        torch, [p for p in model.parameters() if p.requires_grad], ctx.optimizer_impl
+    )
     with fake:
         ids = torch.randint(0, ctx.spec.vocab_size, (workload.batch, workload.seq))
 

@@ -226,3 +226,12 @@ def test_layers_that_share_a_module_are_not_replayed() -> None:
     assert _kinds(model, layers, {}) is None
     assert _kinds(model, [torch.nn.Linear(2, 2) for _ in range(5)], {}) == [0] * 5
     assert _kinds(model, [torch.nn.Linear(2, 2), torch.nn.Linear(2, 3)], {}) == [0, 1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("step", list(STEPS))
+def test_replay_is_exact_on_two_fsdp_ranks(step: str) -> None:
+    fields = _fields("llama", **STEPS[step], parallel={"gpus": 2, "shard": "fsdp"})
+    assert_replay_exact(fields)
+    notes = simulate(fields, steps=1).assumptions
+    assert any("rank 0 reported: 6 decoder layers" in note for note in notes)  # the full model's count

@@ -2,7 +2,7 @@
 
 The model is built with its repeated region cut to three units ``U0``, ``U1``, ``U2``
 (:mod:`vramlens.simulate._layers`) and the step runs for real under
-:class:`LabelTracker`, which notes, for each allocation made outside any module (optimizer,
+:class:`~vramlens.simulate._labels.LabelTracker`, which notes, for each allocation made outside any module (optimizer,
 ``zero_grad``, registration), the tracked tensor it came from. Every event then gets a
 *unit*: the unit of the layer running it (the innermost module in forward, the module whose
 backward began in backward), else the unit of the storage it frees or, for an allocation,
@@ -33,16 +33,11 @@ from typing import Any
 
 import numpy as np
 
+from vramlens.simulate._labels import NONE, OUTSIDE, LabelTracker
 from vramlens.simulate._layers import LayerCut
-from vramlens.trace._subclass import plain_tensors
 from vramlens.trace.timeline import Timeline
-from vramlens.trace.tracker import MemoryTracker, _may_allocate, torch
 
-__all__ = ["LabelTracker", "Unresolved", "expand"]
-
-_NONE = -1
-#: ``source_unit`` of a registered tensor outside the cut layers.
-_OUTSIDE = -3
+__all__ = ["Unresolved", "expand"]
 
 
 class Unresolved(Exception):
@@ -52,87 +47,6 @@ class Unresolved(Exception):
     def __init__(self, reason: str, *, retry: bool = False) -> None:
         super().__init__(reason)
         self.retry = retry
-
-
-class LabelTracker(MemoryTracker):
-    """A tracker that also notes where each allocation outside modules came from."""
-
-    def __init__(self, cut: LayerCut, *, capture_stacks: bool = False) -> None:
-        super().__init__(capture_stacks=capture_stacks, clock="event")
-        self.cut = cut
-        self.layer_prefix = ""
-        self.unit_of_storage: dict[int, int] = {}
-        self.source_unit: list[int] = []
-        """Per event: the unit of a registered layer tensor it allocates, else -1."""
-        self.source_serial: list[int] = []
-        """Per event: the tracked storage an allocation was made from, else -1."""
-        self._source: Any = None
-        self._key = 0
-        self._registering = False
-
-    def register_model(self, model: Any, *, name: str = "") -> None:
-        """Learn the cut layers' tensors and module names, then register as usual."""
-        if self.cut.region is None:  # nothing was cut: a plain run
-            super().register_model(model, name=name)
-            return
-        root = name or type(model).__name__
-        names = {id(module): f"{root}.{path}" if path else root for path, module in model.named_modules()}
-        self.layer_prefix = names[id(self.cut.layer_list)]
-        for position, layer in enumerate(self.cut.kept_layers):
-            unit = self.cut.unit_of(self.cut.original_index(position))
-            for tensor in plain_tensors([*layer.parameters(), *layer.buffers()]):  # FSDP2: the local shards
-                self.unit_of_storage[id(tensor.untyped_storage())] = unit
-        super().register_model(model, name=name)
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        if self._paused or not _may_allocate(func):
-            return out
-        flat = [out] if isinstance(out, torch.Tensor) else torch.utils._pytree.tree_flatten(out)[0]
-        outside = self._context.where()[1] < 0  # only allocations outside modules need their source
-        sources = _sources(args, len(flat)) if outside else [None] * len(flat)
-        for position, item in enumerate(flat):
-            if isinstance(item, torch.Tensor):
-                self._source = sources[position]
-                self._track(item, None)
-        self._source = None
-        return out
-
-    def _track(self, tensor: Any, category: Any, phase: int | None = None) -> None:
-        self._key = id(tensor.untyped_storage()) if not tensor.is_meta else 0
-        self._registering = category is not None
-        super()._track(tensor, category, phase)
-
-    def _resized(self, storage: Any, before: int, after: int) -> None:
-        self._key, self._source, self._registering = id(storage), None, False
-        super()._resized(storage, before, after)
-
-    def _record(self, nbytes: int, code: int, serial: int, phase: int | None) -> None:
-        super()._record(nbytes, code, serial, phase)
-        unit = source = _NONE
-        if nbytes >= 0:
-            unit = self.unit_of_storage.get(self._key, _OUTSIDE if self._registering else _NONE)
-            if self._source is not None:
-                found = self._live.get(id(self._source.untyped_storage()))
-                source = found[0] if found is not None else _NONE
-        self.source_unit.append(unit)
-        self.source_serial.append(source)
-
-
-def _sources(args: Any, outputs: int) -> list[Any]:
-    """Per output of an operator, the input tensor it is made from: the matching element of a
-    tensor list as long as the outputs (``_foreach_*``), else the first tensor input."""
-    first = None
-    for arg in args:
-        if isinstance(arg, list | tuple) and outputs > 1 and len(arg) == outputs:
-            if all(isinstance(item, torch.Tensor) for item in arg):
-                return list(arg)
-        if first is None:
-            if isinstance(arg, torch.Tensor):
-                first = arg
-            elif isinstance(arg, list | tuple) and arg and isinstance(arg[0], torch.Tensor):
-                first = arg[0]
-    return [first] * outputs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -301,11 +215,11 @@ def _label_pass(
         if storage[event] not in owner:  # its allocation
             if module < 0:
                 unit = tracker.source_unit[event]
-                if unit == _OUTSIDE:
+                if unit == OUTSIDE:
                     unit = -1
-                elif unit == _NONE:
+                elif unit == NONE:
                     source = tracker.source_serial[event]
-                    if source != _NONE:
+                    if source != NONE:
                         unit = owner.get(source, -1)
                     else:
                         made_from_nothing.add(event)
@@ -420,7 +334,9 @@ class _StorageMap:
     """Storages of an emitted stretch: the template's own become the copy's, its neighbours'
     the neighbouring copies' (matched by their place in the unit's allocations)."""
 
-    def __init__(self, timeline: Timeline, owner: dict[int, int], position: dict[int, int], template: list[int], copies: int) -> None:
+    def __init__(
+        self, timeline: Timeline, owner: dict[int, int], position: dict[int, int], template: list[int], copies: int
+    ) -> None:
         self.storage = timeline.storage
         serials = timeline.storage.tolist()
         self.owner = np.array([owner.get(s, -1) for s in serials], dtype=np.int64)

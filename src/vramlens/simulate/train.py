@@ -153,8 +153,9 @@ def _replayed(
     ctx: TrainingContext, plan: ShardPlan | None, *, steps: int, fake_mode: Any, capture_stacks: bool
 ) -> TrainingRun | None:
     """The run of the cut model expanded to the full one, or None when it cannot be exact."""
+    from vramlens.simulate._labels import LabelTracker
     from vramlens.simulate._layers import LayerCut
-    from vramlens.simulate._replay import LabelTracker, Unresolved, expand
+    from vramlens.simulate._replay import Unresolved, expand
 
     frozen_input = ctx.workload.method.value != "full"
     for skip in (0, 1):  # the second time, the region starts a unit later (its first unit was unlike)
