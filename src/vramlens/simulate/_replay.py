@@ -140,9 +140,15 @@ def _grouped_frees(timeline: Timeline, labels: list[int]) -> Any:
     edges = np.flatnonzero(np.diff(np.concatenate([[0], frees.astype(np.int8), [0]])))
     for first, stop in zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True):
         burst = labels[first:stop]
-        if len(_runs(burst)) > len(set(burst)):  # some unit's frees are not together
+        if not all(_together(burst, unit) for unit in (0, 1, 2)):
             order[first:stop] = first + np.argsort(timeline.storage[first:stop], kind="stable")
     return order
+
+
+def _together(labels: list[int], unit: int) -> bool:
+    """Whether ``unit``'s events are one stretch of ``labels`` (or absent)."""
+    where = [index for index, label in enumerate(labels) if label == unit]
+    return not where or where[-1] - where[0] + 1 == len(where)
 
 
 def _take(timeline: Timeline, order: Any) -> Timeline:
