@@ -233,8 +233,10 @@ def _label_pass(
             owner[storage[event]] = unit
         elif (unit == -1 or module < 0) and nbytes[event] < 0:
             unit = owner.get(storage[event], -1)
-            if module >= 0 and last in (0, 1, 2) and unit in (last - 1, last, last + 1):
-                unit = last  # freed between layers, by the loop: the unit that just ran
+            if last in (0, 1, 2) and unit in ((last - 1, last, last + 1) if module >= 0 else (last - 1,)):
+                # freed between layers by the decoder loop, or a loop over parameters dropping the
+                # previous one's temporary: it goes with the unit that just ran / is running
+                unit = last
         labels.append(unit)
         last = unit
     return labels, owner, made_from_nothing
