@@ -106,6 +106,7 @@ def expand(timeline: Timeline, tracker: LabelTracker) -> Expanded:
             )
             emitted += stop - first
     columns = [np.concatenate([piece[i] for piece in pieces]) for i in range(6)]
+    _check_lifetimes(columns[0], columns[5])
     _, first_seen, inverse = np.unique(columns[5], return_index=True, return_inverse=True)
     serial = np.argsort(np.argsort(first_seen, kind="stable"), kind="stable")[inverse]
     expanded = Timeline(
@@ -155,6 +156,21 @@ def _take(timeline: Timeline, order: Any) -> Timeline:
     """The timeline with its events in ``order`` (times unchanged: the event clock)."""
     columns = ("nbytes", "category", "phase", "module", "stack", "storage")
     return dataclasses.replace(timeline, **{name: getattr(timeline, name)[order] for name in columns})
+
+
+def _check_lifetimes(nbytes: Any, storage: Any) -> None:
+    """Refuse an expansion in which a storage is freed before it is made, twice, or by another
+    size than it was made with (a mislabelled event would do that)."""
+    order = np.lexsort((np.arange(len(storage)), storage))
+    serial, size = storage[order], nbytes[order]
+    first = np.concatenate([[True], serial[1:] != serial[:-1]])
+    if (size[first] < 0).any():
+        raise Unresolved("a storage is freed before it is made")
+    frees = np.flatnonzero(~first)
+    if len(frees) and (
+        (size[frees] >= 0).any() or (~first[frees - 1]).any() or (size[frees] != -size[frees - 1]).any()
+    ):
+        raise Unresolved("a storage is freed twice or by another size")
 
 
 def _unit_of_name(name: str, prefix: str, cut: LayerCut) -> int:
@@ -233,7 +249,10 @@ def _label_pass(
             owner[storage[event]] = unit
         elif (unit == -1 or module < 0) and nbytes[event] < 0:
             unit = owner.get(storage[event], -1)
-            if last in (0, 1, 2) and unit in ((last - 1, last, last + 1) if module >= 0 else (last - 1,)):
+            after_allocation = event > 0 and nbytes[event - 1] >= 0
+            if last in (0, 1, 2) and unit in ((last - 1, last, last + 1) if module >= 0 else (last - 1,)) and (
+                module >= 0 or after_allocation
+            ):
                 # freed between layers by the decoder loop, or a loop over parameters dropping the
                 # previous one's temporary: it goes with the unit that just ran / is running
                 unit = last

@@ -142,7 +142,7 @@ def simulate_training(
     check_training(ctx)
     plan = shard_plan(ctx)
     with fake_process_group(plan):
-        if replay:
+        if replay and plan is None:  # FSDP2: replayed runs equal executed ones alone, not after other runs
             run = _replayed(ctx, plan, steps=steps, fake_mode=fake_mode, capture_stacks=tracker.capture_stacks)
             if run is not None:
                 return run
