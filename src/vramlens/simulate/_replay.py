@@ -250,8 +250,10 @@ def _label_pass(
         elif (unit == -1 or module < 0) and nbytes[event] < 0:
             unit = owner.get(storage[event], -1)
             after_allocation = event > 0 and nbytes[event - 1] >= 0
-            if last in (0, 1, 2) and unit in ((last - 1, last, last + 1) if module >= 0 else (last - 1,)) and (
-                module >= 0 or after_allocation
+            if (
+                last in (0, 1, 2)
+                and unit in ((last - 1, last, last + 1) if module >= 0 else (last - 1,))
+                and (module >= 0 or after_allocation)
             ):
                 # freed between layers by the decoder loop, or a loop over parameters dropping the
                 # previous one's temporary: it goes with the unit that just ran / is running
