@@ -2,14 +2,15 @@
 
 The model is built with its repeated region cut to three units ``U0``, ``U1``, ``U2``
 (:mod:`vramlens.simulate._layers`) and the step runs for real under
-:class:`~vramlens.simulate._labels.LabelTracker`, which notes, for each allocation made outside any module (optimizer,
-``zero_grad``, registration), the tracked tensor it came from. Every event then gets a
+:class:`~vramlens.simulate._labels.LabelTracker`, which notes, for each allocation made
+outside any module (optimizer, ``zero_grad``, registration), the tracked tensor it came from. Every event then gets a
 *unit*: the unit of the layer running it (the innermost module in forward, the module whose
 backward began in backward), else the unit of the storage it frees or, for an allocation,
 of the tensor it came from (or, made from nothing, the unit of the next allocation); a free
 between layers (the decoder loop dropping the previous layer's output) belongs to the unit
-that just ran when the storage is its own or its neighbour's. A storage belongs to the unit
-of its allocation.
+that just ran when the storage is its own or its neighbour's, and so does a free of the
+previous unit's temporary right after an allocation outside modules (a per-parameter
+optimizer loop). A storage belongs to the unit of its allocation.
 
 The full model runs ``U0``, ``U1``, ``k`` copies of ``U1`` and ``U2``. Each stretch of
 ``U1``'s events is followed by a stretch of ``U2``'s (forward order: forward, optimizer,
