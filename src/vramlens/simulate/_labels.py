@@ -5,13 +5,17 @@ Used by :mod:`vramlens.simulate._replay` (read there what the notes are for).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
+
+import numpy as np
 
 from vramlens.simulate._layers import LayerCut
 from vramlens.trace._subclass import plain_tensors
+from vramlens.trace.timeline import Timeline
 from vramlens.trace.tracker import MemoryTracker, _may_allocate, torch
 
-__all__ = ["NONE", "OUTSIDE", "LabelTracker"]
+__all__ = ["NONE", "OUTSIDE", "LabelTracker", "grouped_frees", "take"]
 
 #: ``source_unit`` / ``source_serial`` of an event with nothing to note.
 NONE = -1
@@ -102,3 +106,31 @@ def _sources(args: Any, outputs: int) -> list[Any]:
             elif isinstance(arg, list | tuple) and arg and isinstance(arg[0], torch.Tensor):
                 first = arg[0]
     return [first] * outputs
+
+
+def grouped_frees(timeline: Timeline, labels: list[int]) -> Any:
+    """A permutation of the events that puts each burst of frees made outside any module whose
+    units interleave in allocation order. Such a burst is autocast's weight cache being cleared
+    at the end of the forward: the cache releases its casts in hash-table order, which changes
+    from run to run (two full runs differ there); the live total after the burst is the same
+    in any order and no peak falls inside a run of frees."""
+    order = np.arange(len(timeline))
+    frees = (timeline.nbytes < 0) & (timeline.module < 0)
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], frees.astype(np.int8), [0]])))
+    for first, stop in zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True):
+        burst = labels[first:stop]
+        if not all(_together(burst, unit) for unit in (0, 1, 2)):
+            order[first:stop] = first + np.argsort(timeline.storage[first:stop], kind="stable")
+    return order
+
+
+def _together(labels: list[int], unit: int) -> bool:
+    """Whether ``unit``'s events are one stretch of ``labels`` (or absent)."""
+    where = [index for index, label in enumerate(labels) if label == unit]
+    return not where or where[-1] - where[0] + 1 == len(where)
+
+
+def take(timeline: Timeline, order: Any) -> Timeline:
+    """The timeline with its events in ``order`` (times unchanged: the event clock)."""
+    columns = ("nbytes", "category", "phase", "module", "stack", "storage")
+    return dataclasses.replace(timeline, **{name: getattr(timeline, name)[order] for name in columns})

@@ -26,7 +26,6 @@ that the result equals the full run event for event.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from vramlens.simulate._labels import NONE, OUTSIDE, LabelTracker
+from vramlens.simulate._labels import NONE, OUTSIDE, LabelTracker, grouped_frees, take
 from vramlens.simulate._layers import LayerCut
 from vramlens.trace.timeline import Timeline
 
@@ -67,19 +66,31 @@ def expand(timeline: Timeline, tracker: LabelTracker) -> Expanded:
     rename = _renamer(tracker.layer_prefix, cut)
     module_unit = np.array([_unit_of_name(name, tracker.layer_prefix, cut) for name in timeline.modules] + [-1])
     labels, owner = _labels(timeline, tracker, module_unit)
-    order = _grouped_frees(timeline, labels)
-    timeline = _take(timeline, order)
+    order = grouped_frees(timeline, labels)
+    timeline = take(timeline, order)
     labels = [labels[event] for event in order.tolist()]
     position, allocations = _positions(timeline, labels)
     _check(timeline, labels, owner, allocations, rename)
-    runs = _runs(labels)
     if not allocations[1]:
         raise Unresolved("the template unit allocates nothing")
     tables = _ModuleTables(timeline.modules, rename, copies, module_unit)
+    storages = _StorageMap(timeline, owner, position, allocations[1], copies)
+    columns, new_index = _emit(timeline, _runs(labels), tables, storages, copies)
+    _check_lifetimes(columns[0], columns[5])
+    landed = np.empty_like(new_index)
+    landed[order] = new_index
+    return Expanded(timeline=_frozen(timeline, columns, tables.names), new_index=landed)
+
+
+def _emit(
+    timeline: Timeline, runs: list[tuple[int, int, int]], tables: _ModuleTables, storages: _StorageMap, copies: int
+) -> tuple[list[Any], Any]:
+    """The expanded columns (nbytes, category, phase, module, stack, storage) and where each
+    event of the cut run landed: each template stretch with its copies beside it, in the order
+    its neighbouring stretch of the last unit gives."""
     pieces: list[tuple[Any, ...]] = []
     new_index = np.empty(len(timeline), dtype=np.int64)
     emitted = 0
-    storages = _StorageMap(timeline, owner, position, allocations[1], copies)
     for number, (first, stop, label) in enumerate(runs):
         sequence = [0]
         if label == 1:
@@ -91,8 +102,8 @@ def expand(timeline: Timeline, tracker: LabelTracker) -> Expanded:
                 sequence = list(range(copies, -1, -1))
             else:
                 raise Unresolved("a stretch of the template unit has no single neighbour of the last unit")
+        rows = slice(first, stop)
         for copy in sequence:
-            rows = slice(first, stop)
             if copy == 0:
                 new_index[rows] = np.arange(emitted, emitted + stop - first)
             pieces.append(
@@ -106,12 +117,16 @@ def expand(timeline: Timeline, tracker: LabelTracker) -> Expanded:
                 )
             )
             emitted += stop - first
-    columns = [np.concatenate([piece[i] for piece in pieces]) for i in range(6)]
-    _check_lifetimes(columns[0], columns[5])
+    return [np.concatenate([piece[i] for piece in pieces]) for i in range(6)], new_index
+
+
+def _frozen(timeline: Timeline, columns: list[Any], modules: tuple[str, ...]) -> Timeline:
+    """The expanded columns as a Timeline; storages numbered in the order they appear, as the
+    tracker numbers them."""
     _, first_seen, inverse = np.unique(columns[5], return_index=True, return_inverse=True)
     serial = np.argsort(np.argsort(first_seen, kind="stable"), kind="stable")[inverse]
-    expanded = Timeline(
-        time=np.arange(emitted, dtype=np.int64),
+    return Timeline(
+        time=np.arange(len(columns[0]), dtype=np.int64),
         nbytes=columns[0],
         category=columns[1].astype(np.int8),
         phase=columns[2].astype(np.int32),
@@ -119,44 +134,13 @@ def expand(timeline: Timeline, tracker: LabelTracker) -> Expanded:
         stack=columns[4].astype(np.int32),
         storage=serial.astype(np.int64),
         phases=timeline.phases,
-        modules=tables.names,
+        modules=modules,
         stacks=timeline.stacks,
         base_bytes=timeline.base_bytes,
         time_unit=timeline.time_unit,
         level=timeline.level,
         metadata=dict(timeline.metadata),
     )
-    landed = np.empty_like(new_index)
-    landed[order] = new_index
-    return Expanded(timeline=expanded, new_index=landed)
-
-
-def _grouped_frees(timeline: Timeline, labels: list[int]) -> Any:
-    """A permutation of the events that puts each burst of frees made outside any module whose
-    units interleave in allocation order. Such a burst is autocast's weight cache being cleared
-    at the end of the forward: the cache releases its casts in hash-table order, which changes
-    from run to run (two full runs differ there); the live total after the burst is the same
-    in any order and no peak falls inside a run of frees."""
-    order = np.arange(len(timeline))
-    frees = (timeline.nbytes < 0) & (timeline.module < 0)
-    edges = np.flatnonzero(np.diff(np.concatenate([[0], frees.astype(np.int8), [0]])))
-    for first, stop in zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True):
-        burst = labels[first:stop]
-        if not all(_together(burst, unit) for unit in (0, 1, 2)):
-            order[first:stop] = first + np.argsort(timeline.storage[first:stop], kind="stable")
-    return order
-
-
-def _together(labels: list[int], unit: int) -> bool:
-    """Whether ``unit``'s events are one stretch of ``labels`` (or absent)."""
-    where = [index for index, label in enumerate(labels) if label == unit]
-    return not where or where[-1] - where[0] + 1 == len(where)
-
-
-def _take(timeline: Timeline, order: Any) -> Timeline:
-    """The timeline with its events in ``order`` (times unchanged: the event clock)."""
-    columns = ("nbytes", "category", "phase", "module", "stack", "storage")
-    return dataclasses.replace(timeline, **{name: getattr(timeline, name)[order] for name in columns})
 
 
 def _check_lifetimes(nbytes: Any, storage: Any) -> None:
