@@ -1,19 +1,33 @@
-"""Wall time and memory of simulated training steps (issue 5's speed targets).
+"""Speed of simulated training steps against a bare fake-tensor step of the same model.
 
-Run: ``python benchmarks/simulate_speed.py [--case NAME]``. Each case runs in a fresh
-subprocess so its peak RSS is its own (imports included). Prints figures; it is not a
-pass/fail test. Targets on the project's 2-core machine: one simulated training step of
-an 8B model at batch 1, seq 2048 in <= 15 s and <= 2 GiB RSS; 70B LoRA in <= 60 s. QLoRA
-(NF4 base, simulate/quant.py) and FSDP2 on 8 fake ranks (simulate/distributed.py) are
-measured too.
+Run: ``python benchmarks/simulate_speed.py [--ratio-only] [--big] [--case NAME]``. Prints
+figures; it is not a pass/fail test.
+
+Ratio (issue 23 item 5): in one process, one simulated training step of llama-3.1-8b
+(batch 1, seq 2048, bf16, HF profile) - the whole ``simulate(workload, steps=1)`` call: model
+build, tracked step, replayed layers, report - against the yardstick, a bare step of the same
+model: the model built by the simulator's builder on fake tensors, then one untracked forward,
+backward and optimizer step (fused AdamW, the profile's), no tracker. Build time is not in the
+yardstick. One untimed run of each warms the imports and fake-tensor caches; then they
+alternate, three times, and the fastest of each is compared (the figure least disturbed by
+other work on a shared machine). Target: at most 0.25x. ``replay=False`` (every layer runs)
+is printed beside it. ``--big`` adds llama-3.1-405b: its simulated step's seconds and its
+ratio to its own bare step.
+
+Cases (issue 5): each runs in a fresh subprocess so its peak RSS is its own (imports
+included): 8B at batch 1, seq 2048 in <= 15 s and <= 2 GiB RSS; 70B LoRA in <= 60 s; QLoRA
+(NF4 base, simulate/quant.py) and FSDP2 on 8 fake ranks (simulate/distributed.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from typing import Any
 
 CASES: dict[str, dict[str, Any]] = {
@@ -78,10 +92,91 @@ def run_case(workload: dict[str, Any], steps: int) -> dict[str, float]:
     return result
 
 
+RATIO_WORKLOAD: dict[str, Any] = {"precision": "bf16", "batch": 1, "seq": 2048, "framework": "hf"}
+
+
+def bare_step(model_name: str) -> Callable[[], None]:
+    """The yardstick: the simulator's model of ``model_name`` on fake tensors (built once, here)
+    and a function running one untracked forward, backward and optimizer step of it."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from vramlens.model.resolve import load_model
+    from vramlens.resolve.context import resolve_training
+    from vramlens.simulator.build import build_model, real_code_paths, torch_dtype
+    from vramlens.simulator.train import OPTIMIZERS
+    from vramlens.workload.load import load_workload
+
+    workload = load_workload({**RATIO_WORKLOAD, "model": model_name}, {})
+    ctx = resolve_training(load_model(workload.model), workload)
+    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    dtype = torch_dtype(workload.precision, ctx.frozen_bytes)
+    with real_code_paths():
+        model = build_model(ctx.spec, workload, dtype=dtype, attention=ctx.attention, fake_mode=fake)
+    model.train()
+    optimizer = OPTIMIZERS[workload.optimizer](
+        torch, [p for p in model.parameters() if p.requires_grad], ctx.optimizer_impl
+    )
+    with fake:
+        ids = torch.randint(0, ctx.spec.vocab_size, (workload.batch, workload.seq))
+
+    def step() -> None:
+        amp = torch.autocast("cpu", dtype=torch_dtype(workload.precision, 2)) if ctx.autocast else None
+        with real_code_paths(), fake:
+            with amp if amp is not None else contextlib.nullcontext():
+                out = model(input_ids=ids, labels=ids)
+            out.loss.backward()
+            del out
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def _fastest(runs: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
+    """Each run once untimed, then all of them in turn ``repeats`` times: the fastest of each."""
+    for run in runs.values():
+        run()
+    best = dict.fromkeys(runs, float("inf"))
+    for _ in range(repeats):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best
+
+
+def ratios(model_name: str, *, full: bool, repeats: int = 3) -> None:
+    """Print the simulated step's time against the bare step's, in this process."""
+    from vramlens.simulator import simulate
+
+    workload = {**RATIO_WORKLOAD, "model": model_name}
+    runs: dict[str, Callable[[], Any]] = {
+        "bare fake step (yardstick)": bare_step(model_name),
+        "simulate(steps=1)": lambda: simulate(workload, steps=1),
+        "simulate(steps=2) (default)": lambda: simulate(workload),
+    }
+    if full:
+        runs["simulate(steps=1, replay=False)"] = lambda: simulate(workload, steps=1, replay=False)
+    best = _fastest(runs, repeats)
+    yardstick = best["bare fake step (yardstick)"]
+    print(f"{model_name} b1 s2048 bf16 (fastest of {repeats}, same process)")
+    for name, seconds in best.items():
+        print(f"  {name:34} {seconds:7.2f} s  {seconds / yardstick:5.2f}x the bare step")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--case", choices=list(CASES), help="Run one case only.")
+    parser.add_argument("--ratio-only", action="store_true", help="Print the ratios only, not the cases.")
+    parser.add_argument("--big", action="store_true", help="Add llama-3.1-405b to the ratios.")
     args = parser.parse_args()
+    if not args.case:
+        ratios("llama-3.1-8b", full=True)
+        if args.big:
+            ratios("llama-3.1-405b", full=False, repeats=1)
+    if args.ratio_only:
+        return
     names = [args.case] if args.case else list(CASES)
     print(f"{'case':42} {'steps':>5} {'import s':>9} {'simulate s':>11} {'total s':>8} {'RSS MiB':>8} {'events':>8}")
     for name in names:

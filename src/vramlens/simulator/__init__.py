@@ -42,6 +42,7 @@ def simulate(
     capture_stacks: bool = False,
     allocator: AllocatorSettings | None = None,
     timeout_s: float | None = DEFAULT_TIMEOUT_S,
+    replay: bool = True,
     **overrides: Any,
 ) -> MemoryReport:
     """Simulate one workload (a Workload, a dict, or a YAML/JSON path) on fake tensors.
@@ -50,13 +51,22 @@ def simulate(
     Python stack of each allocation in the timeline; ``allocator`` sets the caching
     allocator model (default: the workload's ``alloc_conf`` and the
     GPU's capacity); ``timeout_s`` limits the wall time (None: no limit; the limit works
-    in the main thread on POSIX). Keyword ``overrides`` take precedence over the workload's keys.
+    in the main thread on POSIX); ``replay`` (default) runs each kind of repeated decoder layer
+    once and replays its events for the layers like it, with the same events as running every
+    layer (False runs every layer). Keyword ``overrides`` take precedence over the workload's keys.
     """
     resolved = load_workload(workload, overrides)
     spec = load_model(resolved.model)
     gpu = resolve_gpu(resolved.gpu) if resolved.gpu is not None else None
     return simulate_resolved(
-        spec, resolved, gpu, steps=steps, capture_stacks=capture_stacks, allocator=allocator, timeout_s=timeout_s
+        spec,
+        resolved,
+        gpu,
+        steps=steps,
+        capture_stacks=capture_stacks,
+        allocator=allocator,
+        timeout_s=timeout_s,
+        replay=replay,
     )
 
 
@@ -69,8 +79,9 @@ def simulate_resolved(
     capture_stacks: bool = False,
     allocator: AllocatorSettings | None = None,
     timeout_s: float | None = DEFAULT_TIMEOUT_S,
+    replay: bool = True,
 ) -> MemoryReport:
-    """The simulation of an already loaded workload and model."""
+    """The simulation of an already loaded workload and model (``replay``: see :func:`simulate`)."""
     if not isinstance(steps, int) or isinstance(steps, bool) or not 1 <= steps <= 100:
         raise InputError(f"steps: {steps!r}; accepted: an integer from 1 to 100")
     check_timeout(timeout_s)
@@ -85,4 +96,5 @@ def simulate_resolved(
         allocator=allocator,
         infer=workload.mode is Mode.INFER,
         timeout_s=timeout_s,
+        replay=replay,
     )

@@ -8,7 +8,8 @@ messages that suggest ``vramlens estimate``; nothing is retried, and a wall-cloc
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import TYPE_CHECKING, Any
 
 from vramlens._extras import require
 from vramlens.allocator import AllocatorSettings
@@ -20,6 +21,9 @@ from vramlens.simulator._guard import DEFAULT_TIMEOUT_S, deadline, failure_messa
 from vramlens.simulator.build import SimulationError, real_code_paths
 from vramlens.simulator.report import simulation_report
 from vramlens.workload.spec import Workload
+
+if TYPE_CHECKING:
+    from vramlens.result.timeline import Timeline
 
 __all__ = ["run_simulation"]
 
@@ -37,6 +41,7 @@ def run_simulation(
     allocator: AllocatorSettings | None,
     infer: bool,
     timeout_s: float | None = DEFAULT_TIMEOUT_S,
+    replay: bool = True,
 ) -> MemoryReport:
     """Simulate ``workload`` and report it (see :func:`vramlens.simulator.simulate`)."""
     require("torch", purpose="vramlens simulate")
@@ -50,10 +55,11 @@ def run_simulation(
     try:
         with real_code_paths(), deadline(timeout_s):
             phases: tuple[str, ...] = _INFERENCE_PHASES if infer else _TRAINING_PHASES
+            timeline = None
             if infer:
                 start, notes = 0, _inference(spec, workload, gpu, fake_mode, tracker)
             else:
-                start, notes = _training(spec, workload, steps, fake_mode, tracker)
+                timeline, start, notes = _training(spec, workload, steps, fake_mode, tracker, replay)
     except VramlensError:
         raise
     except Exception as error:  # any failure inside foreign model code
@@ -61,8 +67,12 @@ def run_simulation(
     finally:
         tracker.close()
     metadata = {"engine": "simulate", "model": spec.name, "device": "fake cpu"}
+    if timeline is None:
+        timeline = tracker.timeline(metadata)
+    else:
+        timeline = dataclasses.replace(timeline, metadata={**timeline.metadata, **metadata})
     return simulation_report(
-        tracker.timeline(metadata),
+        timeline,
         phases=phases,
         start=start,
         model=spec.name,
@@ -73,14 +83,16 @@ def run_simulation(
     )
 
 
-def _training(spec: ModelSpec, workload: Workload, steps: int, fake_mode: Any, tracker: Any) -> tuple[int, list[str]]:
+def _training(
+    spec: ModelSpec, workload: Workload, steps: int, fake_mode: Any, tracker: Any, replay: bool
+) -> tuple[Timeline, int, list[str]]:
     from vramlens.resolve.context import resolve_training
     from vramlens.simulator.train import simulate_training
 
     ctx = resolve_training(spec, workload)
-    run = simulate_training(ctx, steps=steps, fake_mode=fake_mode, tracker=tracker)
+    run = simulate_training(ctx, steps=steps, fake_mode=fake_mode, tracker=tracker, replay=replay)
     notes = [*ctx.assumptions, *run.notes, f"{steps} training steps simulated; the last one is reported"]
-    return run.last_step_start, notes
+    return run.timeline, run.last_step_start, notes
 
 
 def _inference(spec: ModelSpec, workload: Workload, gpu: GpuSpec | None, fake_mode: Any, tracker: Any) -> list[str]:

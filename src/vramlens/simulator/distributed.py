@@ -183,8 +183,9 @@ def _units(model: Any) -> tuple[list[Any], Any, list[Any]]:
     return layers, (None if tied else embed), tail
 
 
-def shard_model(model: Any, plan: ShardPlan, *, fake_mode: Any) -> list[str]:
-    """Apply FSDP2 to the (fake, materialized) model as accelerate does; returns the notes."""
+def shard_model(model: Any, plan: ShardPlan, *, fake_mode: Any, total_layers: int | None = None) -> list[str]:
+    """Apply FSDP2 to the (fake, materialized) model as accelerate does; returns the notes
+    (``total_layers``: the full model's decoder layers, for a model cut for replay)."""
     torch = require("torch", purpose="vramlens simulate")
     fsdp = require("torch.distributed.fsdp", purpose="vramlens simulate (several GPUs)")
     half = torch_dtype(plan.precision, 2)
@@ -206,7 +207,7 @@ def shard_model(model: Any, plan: ShardPlan, *, fake_mode: Any) -> list[str]:
         fsdp.fully_shard(model, **options)
     if mixed:
         _accelerate_forward(torch, model, half)
-    return _notes(plan, len(layers))
+    return _notes(plan, total_layers or len(layers))
 
 
 def _accelerate_forward(torch: Any, model: Any, half: Any) -> None:

@@ -131,27 +131,83 @@ def _describe(key: str, value: Any) -> str:
     return f"{key}={value}"
 
 
-def simulate_training(ctx: TrainingContext, *, steps: int, fake_mode: Any, tracker: Any) -> TrainingRun:
+def simulate_training(
+    ctx: TrainingContext, *, steps: int, fake_mode: Any, tracker: Any, replay: bool = True
+) -> TrainingRun:
     """Run ``steps`` optimizer steps of the workload under ``tracker`` and return the events.
     On several GPUs the model is sharded with FSDP2 over a fake process group that exists for
-    this call only, and the events are rank 0's (:mod:`vramlens.simulator.distributed`)."""
+    this call only, and the events are rank 0's (:mod:`vramlens.simulator.distributed`).
+    With ``replay`` (one GPU), repeated decoder layers run once and their events are replayed
+    for the layers like them (:mod:`vramlens.simulator._replay`), with the same events as
+    running every layer; where that cannot be done exactly, every layer runs."""
     check_training(ctx)
     plan = shard_plan(ctx)
     with fake_process_group(plan):
+        if replay and plan is None:  # FSDP2: replayed runs equal executed ones alone, not after other runs
+            run = _replayed(ctx, plan, steps=steps, fake_mode=fake_mode, capture_stacks=tracker.capture_stacks)
+            if run is not None:
+                return run
         return _simulate(ctx, plan, steps=steps, fake_mode=fake_mode, tracker=tracker)
 
 
-def _simulate(ctx: TrainingContext, plan: ShardPlan | None, *, steps: int, fake_mode: Any, tracker: Any) -> TrainingRun:
-    """The body of :func:`simulate_training` (inside the process group when ``plan`` is set)."""
+def _replayed(
+    ctx: TrainingContext, plan: ShardPlan | None, *, steps: int, fake_mode: Any, capture_stacks: bool
+) -> TrainingRun | None:
+    """The run of the cut model expanded to the full one, or None when it cannot be exact."""
+    from vramlens.simulator._labels import LabelTracker
+    from vramlens.simulator._layers import LayerCut
+    from vramlens.simulator._replay import Unresolved, expand
+
+    frozen_input = ctx.workload.method.value != "full"
+    for skip in (0, 1):  # the second time, the region starts a unit later (its first unit was unlike)
+        cut = LayerCut(frozen_input=frozen_input, skip_units=skip)
+        tracker = LabelTracker(cut, capture_stacks=capture_stacks)
+        try:
+            run = _simulate(ctx, plan, steps=steps, fake_mode=fake_mode, tracker=tracker, cut=cut)
+        finally:
+            tracker.close()
+        if cut.region is None:
+            return run if not skip else None  # nothing to replay: every layer ran
+        try:
+            expanded = expand(run.timeline, tracker)
+            break
+        except Unresolved as refusal:
+            if not refusal.retry:
+                return None
+    else:
+        return None
+    region = cut.region
+    first, last = region.start + 2 * region.period, region.stop - region.period - 1
+    template = f"layer {first - 1}" if region.period == 1 else f"layers {region.start + region.period}-{first - 1}"
+    note = (
+        f"decoder layers {first}-{last} ({last - first + 1} of {cut.total}) replayed from the recorded events of "
+        f"{template}, built alike (replay=False runs every layer)"
+    )
+    start = int(expanded.new_index[run.last_step_start]) if run.last_step_start < len(run.timeline) else 0
+    return TrainingRun(timeline=expanded.timeline, last_step_start=start, notes=(*run.notes, note))
+
+
+def _simulate(
+    ctx: TrainingContext, plan: ShardPlan | None, *, steps: int, fake_mode: Any, tracker: Any, cut: Any = None
+) -> TrainingRun:
+    """The body of :func:`simulate_training` (inside the process group when ``plan`` is set);
+    ``cut`` (a :class:`~vramlens.simulator._layers.LayerCut`) builds the model cut to its region."""
     torch = require("torch", purpose="vramlens simulate")
     workload = ctx.workload
     dtype = torch_dtype(workload.precision, ctx.frozen_bytes)
-    model = build_model(ctx.spec, workload, dtype=dtype, attention=ctx.attention, fake_mode=fake_mode)
+    prepare = None
+    if cut is not None:
+        from vramlens.simulator._layers import cutter
+
+        every = workload.recompute_every if workload.recompute is Recompute.FULL else 1
+        layers_path = ctx.spec.generic.layers_path if ctx.spec.generic is not None else None
+        prepare = cutter(workload, layers_path, every, cut)
+    model = build_model(ctx.spec, workload, dtype=dtype, attention=ctx.attention, fake_mode=fake_mode, prepare=prepare)
     model.train()
-    notes = _recompute(model, workload)
+    notes = _recompute(model, workload, cut.checkpointed if cut is not None else None)
     notes += [note for note in (attention_note(model), quant_note(model)) if note]
     if plan is not None:
-        notes += shard_model(model, plan, fake_mode=fake_mode)
+        notes += shard_model(model, plan, fake_mode=fake_mode, total_layers=cut.total if cut and cut.region else None)
     notes.append("the loop keeps the model outputs (logits) through backward (HF Trainer drops them first)")
     params = [p for p in model.parameters() if p.requires_grad]
     tracker.register_model(model)  # before the optimizer's hooks, so gradients are labelled first
@@ -186,7 +242,9 @@ def _micro_step(model: Any, ids: Any, amp: Any) -> None:
     del out
 
 
-def _recompute(model: Any, workload: Any) -> list[str]:
+def _recompute(model: Any, workload: Any, checkpointed: dict[int, bool] | None = None) -> list[str]:
+    """Turn on the workload's gradient checkpointing; ``checkpointed`` (id(layer) -> flag) gives
+    the flags of a cut model's layers as the full model has them (``recompute_every`` > 1)."""
     if workload.recompute is not Recompute.FULL:
         return []
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -195,16 +253,21 @@ def _recompute(model: Any, workload: Any) -> list[str]:
     every = workload.recompute_every
     if every == 1:
         return ["recompute full: transformers gradient checkpointing (non-reentrant) on every decoder layer"]
-    layers = [
+    for index, layer in enumerate(checkpoint_candidates(model)):
+        flag = checkpointed.get(id(layer)) if checkpointed else None
+        layer.gradient_checkpointing = index % every == 0 if flag is None else flag
+    return [f"recompute full every {every}: checkpointing on decoder layers 0, {every}, {2 * every}, ..."]
+
+
+def checkpoint_candidates(model: Any) -> list[Any]:
+    """The layers ``recompute_every`` counts: decoder layers that can checkpoint, in order."""
+    return [
         m
         for name, m in model.named_modules()
         if hasattr(m, "gradient_checkpointing")
         and type(m).__name__.endswith("Layer")
         and not any(part in name for part in ("vision", "visual"))  # a multimodal model's tower has its own
     ]
-    for index, layer in enumerate(layers):
-        layer.gradient_checkpointing = index % every == 0
-    return [f"recompute full every {every}: checkpointing on decoder layers 0, {every}, {2 * every}, ..."]
 
 
 def _optimizer_step(torch: Any, params: list[Any], ctx: TrainingContext) -> Callable[[], None]:
