@@ -8,9 +8,9 @@ process, at most 0.3x the time llm-analysis 0.2.2 takes to compute the same trai
 from its own command line. llm-analysis pins ``transformers<5``, so it lives in its own venv,
 installed with its declared dependencies::
 
-    python -m venv /work/bench-venv && /work/bench-venv/bin/pip install llm-analysis==0.2.2
+    python -m venv llma-venv && llma-venv/bin/pip install llm-analysis==0.2.2
 
-and ``--llm-analysis-python /work/bench-venv/bin/python`` names that interpreter. The two sides
+and ``--llm-analysis-python llma-venv/bin/python`` names that interpreter. The two sides
 compute the same workload: a 7B/8B Llama, batch 1 per GPU, seq 2048, full recomputation,
 ZeRO-3 over 8 A100-80GB (llm-analysis refuses the single-GPU full fine-tune: it asserts that the
 model does not fit, before estimating anything). Runs alternate (vramlens, llm-analysis,

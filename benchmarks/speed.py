@@ -6,7 +6,7 @@ Prints figures and ratios; it is not a pass/fail test.
 The yardstick (issue 23, item 5): on a 70B ZeRO-3 LoRA workload, at least 4x the rate of
 llm-analysis 0.2.2's ``LLMAnalysis(...).training(...)`` on the same machine in the same run.
 llm-analysis pins ``transformers<5``, so it runs in its own venv
-(``python -m venv /work/bench-venv && /work/bench-venv/bin/pip install llm-analysis==0.2.2``),
+(``python -m venv llma-venv && llma-venv/bin/pip install llm-analysis==0.2.2``),
 named by ``--llm-analysis-python``; a subprocess there calls it in a loop and prints its rate.
 Both sides run the same sweep of distinct workloads, one per call in turn: batch 1, 2, 4, 8
 x seq 1024, 2048, 4096 (12 workloads), full recomputation, ZeRO-3, bf16, one core. vramlens
