@@ -9,6 +9,7 @@ dtypes, categories); each other name below loads its module on first use (PEP 56
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 from typing import Any as _Any
 
+from vramlens import _lazy
 from vramlens._version import __version__
 from vramlens.categories import Category
 from vramlens.dtypes import DType, bytes_for, canonical_dtype
@@ -198,14 +199,7 @@ __all__ = [
 
 def __getattr__(name: str) -> _Any:
     """Import the module behind a lazy public name on first access and cache the name here."""
-    module_name = _LAZY.get(name)
-    if module_name is None:
-        raise AttributeError(f"module 'vramlens' has no attribute {name!r}")
-    from importlib import import_module
-
-    value = getattr(import_module(module_name), name)
-    globals()[name] = value
-    return value
+    return _lazy.lazy_attribute(globals(), _LAZY, name)
 
 
 def __dir__() -> list[str]:

@@ -28,6 +28,7 @@ ALLOWED = frozenset(
     {
         "vramlens",
         "vramlens._compat",
+        "vramlens._lazy",
         "vramlens._files",
         "vramlens._untrusted",
         "vramlens._version",

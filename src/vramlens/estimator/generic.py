@@ -23,7 +23,15 @@ import logging
 from typing import Any
 
 from vramlens.errors import InputError
-from vramlens.estimator.layout import EMBED_NAMES, ParamLayout, StageView, TrainableGroup, effective_quant
+from vramlens.estimator.layout import (
+    EMBED_NAMES,
+    ParamLayout,
+    StageView,
+    TrainableGroup,
+    adapter_groups,
+    effective_quant,
+    modules_to_save_group,
+)
 from vramlens.estimator.lora_head import HEAD_NAMES
 from vramlens.estimator.qlora import unquantized_bytes
 from vramlens.model.generic.layout import Component, GenericLayout
@@ -134,14 +142,7 @@ def _outside(layout: GenericLayout, *, first: bool, last: bool) -> int:
 def _peft_groups(
     ctx: TrainingContext, adapters: int, recipe: TrainingRecipe, *, first: bool, last: bool
 ) -> list[TrainableGroup]:
-    groups: list[TrainableGroup] = []
-    if adapters:
-        dtype = 4 if ctx.profile.adapters_fp32 else ctx.compute_bytes
-        groups.append(
-            TrainableGroup(
-                name="LoRA adapters", elements=adapters, param_bytes=dtype, grad_bytes=dtype, state_bytes=dtype
-            )
-        )
+    groups = adapter_groups(ctx, adapters, head=False)
     table = ctx.spec.vocab_size * ctx.spec.hidden_size
     saved = recipe.trainable_outside if (first and last) else 0
     for name in ctx.workload.lora.modules_to_save:
@@ -151,17 +152,7 @@ def _peft_groups(
         if not (first and last):
             saved += table if (first if name in EMBED_NAMES else last) else 0
     if saved:
-        dtype = int(unquantized_bytes(ctx))
-        groups.append(
-            TrainableGroup(
-                name="modules_to_save",
-                elements=saved,
-                param_bytes=dtype,
-                grad_bytes=dtype,
-                state_bytes=dtype,
-                largest_tensor=table,
-            )
-        )
+        groups.append(modules_to_save_group(ctx, saved, largest_tensor=table))
     return groups
 
 

@@ -255,19 +255,23 @@ def _peft_groups(
     groups = adapter_groups(ctx, adapters, last and bool(targets & HEAD_NAMES))
     saved = _modules_to_save(ctx, first=first, last=last)
     if saved:
-        dtype = int(unquantized_bytes(ctx))  # PEFT copies the module as it is (fp32 after k-bit preparation)
         table = ctx.spec.vocab_size * ctx.spec.hidden_size // ctx.workload.parallel.tp
-        groups.append(
-            TrainableGroup(
-                name="modules_to_save",
-                elements=saved,
-                param_bytes=dtype,
-                grad_bytes=dtype,
-                state_bytes=dtype,
-                largest_tensor=table,
-            )
-        )
+        groups.append(modules_to_save_group(ctx, saved, largest_tensor=table))
     return groups
+
+
+def modules_to_save_group(ctx: TrainingContext, elements: int, *, largest_tensor: int) -> TrainableGroup:
+    """The trained copies of ``lora.modules_to_save``: ``elements`` parameters in the frozen
+    weights' dtype (PEFT copies the module as it is: fp32 after k-bit preparation)."""
+    dtype = int(unquantized_bytes(ctx))
+    return TrainableGroup(
+        name="modules_to_save",
+        elements=elements,
+        param_bytes=dtype,
+        grad_bytes=dtype,
+        state_bytes=dtype,
+        largest_tensor=largest_tensor,
+    )
 
 
 def _stage(

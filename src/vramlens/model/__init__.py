@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from vramlens import _lazy
+
 if TYPE_CHECKING:
     from vramlens.model.catalog import CatalogEntry, catalog_entries, find_entry
     from vramlens.model.families import parse_config, supported_model_types
@@ -88,14 +90,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     """Import the module behind a public name on first access and cache the name here."""
-    module_name = _LAZY.get(name)
-    if module_name is None:
-        raise AttributeError(f"module 'vramlens.model' has no attribute {name!r}")
-    from importlib import import_module
-
-    value = getattr(import_module(module_name), name)
-    globals()[name] = value
-    return value
+    return _lazy.lazy_attribute(globals(), _LAZY, name)
 
 
 def __dir__() -> list[str]:
