@@ -34,6 +34,9 @@ class Step:
     precision: str = "bf16"
     method: str = "full"
     optimizer_impl: str = "fused"
+    optimizer: str = "adamw"
+    in_backward: bool = False
+    """Step each parameter in its post-accumulate-grad hook (``optimizer_in_backward``)."""
     recompute: bool = False
     attention: str = "sdpa"
     targets: Any = "all-linear"
@@ -50,7 +53,9 @@ class Step:
             "method": self.method,
             "batch": self.batch,
             "seq": self.seq,
+            "optimizer": self.optimizer,
             "optimizer_impl": self.optimizer_impl,
+            "optimizer_in_backward": self.in_backward,
             "recompute": "full" if self.recompute else "none",
             "attention": self.attention,
         }
@@ -85,8 +90,45 @@ def _model(step: Step) -> Any:
     return model
 
 
+def _optimizer(step: Step, params: list[Any]) -> Any:
+    """The step's optimizer: torch AdamW in the named implementation, or transformers' Adafactor
+    (fixed learning rate, no first moment: what ``optim="adafactor"`` gives HF Trainer)."""
+    import torch
+
+    if step.optimizer == "adafactor":
+        from transformers.optimization import Adafactor
+
+        return Adafactor(params, lr=1e-4, scale_parameter=False, relative_step=False, warmup_init=False)
+    impl = {"fused": {"fused": True}, "foreach": {"foreach": True}, "per-tensor": {"foreach": False}}
+    return torch.optim.AdamW(params, lr=1e-4, **impl[step.optimizer_impl])
+
+
+def _in_backward(step: Step, params: list[Any]) -> Any:
+    """One optimizer per parameter stepped and cleared in the parameter's post-accumulate-grad
+    hook (torchtune's ``optimizer_in_bwd``; forgather's ``fuse_optim_with_backward`` steps one
+    optimizer whose only gradient is that parameter's): ``step()`` then does nothing."""
+
+    def hook(param: Any) -> None:
+        optimizers[param].step()
+        optimizers[param].zero_grad(set_to_none=True)
+
+    optimizers = {param: _optimizer(step, [param]) for param in params}
+    for param in params:
+        param.register_post_accumulate_grad_hook(hook)
+    return _Nothing()
+
+
+class _Nothing:
+    def step(self) -> None:
+        pass
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        pass
+
+
 def measure_phases(step: Step) -> dict[str, int]:
-    """Peak live tensor bytes of each phase of the second training step."""
+    """Peak live tensor bytes of each phase of the second training step (no ``optimizer_step``
+    phase when the optimizer runs in backward)."""
     import torch
 
     from vramlens.trace.tracker import StorageTracker
@@ -94,8 +136,7 @@ def measure_phases(step: Step) -> dict[str, int]:
     torch.manual_seed(0)
     model = _model(step)
     params = [p for p in model.parameters() if p.requires_grad]
-    impl = {"fused": {"fused": True}, "foreach": {"foreach": True}, "per-tensor": {"foreach": False}}
-    optimizer = torch.optim.AdamW(params, lr=1e-4, **impl[step.optimizer_impl])
+    optimizer = _in_backward(step, params) if step.in_backward else _optimizer(step, params)
     ids = torch.randint(0, step.config["vocab_size"], (step.batch, step.seq))
     tracker = StorageTracker()
     tracker.register([list(model.parameters()), list(model.buffers()), ids])
@@ -119,4 +160,7 @@ def measure_phases(step: Step) -> dict[str, int]:
             optimizer.step()
             tracker.mark("optimizer_step")
             optimizer.zero_grad(set_to_none=True)
-    return {mark.name: mark.peak_since_previous for mark in tracker.marks[-3:]}
+    phases = {mark.name: mark.peak_since_previous for mark in tracker.marks[-3:]}
+    if step.in_backward:
+        del phases["optimizer_step"]
+    return phases

@@ -11,8 +11,12 @@ State sizes (bytes per trainable element):
   allocator: visible to nvidia-smi (device level) but not to max_memory_allocated.
 * ``adafactor`` (transformers, beta1=None): factored second moment, ``rows + cols``
   per matrix, ~0 bytes per element for large matrices; counted as 0, with step
-  temporaries of 3 fp32 copies of the largest tensor (its fp32 gradient and
-  parameter and the update; fewer when the parameters are already fp32).
+  temporaries in fp32 of the largest tensor: the squared gradient and the update
+  (2 copies), plus the fp32 up-casts of the gradient and the parameter when they are
+  16-bit (4 copies in all). Read from ``Adafactor.step`` (``grad.float()``,
+  ``p.float()``, ``grad**2 + eps``, ``_approx_sq_grad``, ``p_data_fp32.add_(-update)``)
+  and measured on CPU with ``StorageTracker`` (transformers 5.23: 4.0 fp32 copies of a
+  bf16 1024 x 4096 matrix, 2.0 of an fp32 one; tests/estimator/test_optimizer_in_backward.py).
 * ``sgd``: one momentum buffer (momentum > 0 assumed); ``lion``: one moment.
 
 Step temporaries (bytes, on top of the state):
@@ -34,7 +38,7 @@ from dataclasses import dataclass
 
 from vramlens.workload.options import OptimizerImpl, OptimizerName
 
-__all__ = ["OPTIMIZERS", "OptimizerModel", "optimizer_model"]
+__all__ = ["OPTIMIZERS", "OptimizerModel", "in_backward_step_bytes", "optimizer_model"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -51,7 +55,10 @@ class OptimizerModel:
     temp_copies: int = 1
     """State-sized temporaries a multi-tensor step creates per moment group."""
     fp32_step_copies: int = 0
-    """fp32 copies of the largest tensor a per-tensor step makes (Adafactor up-casts grad and param)."""
+    """fp32 copies of the largest tensor a per-tensor step makes whatever the parameter dtype."""
+    upcast_copies: int = 0
+    """More fp32 copies of the largest tensor when the parameters are 16-bit (Adafactor up-casts
+    the gradient and the parameter)."""
     impls: tuple[OptimizerImpl, ...] = (OptimizerImpl.PER_TENSOR, OptimizerImpl.FOREACH, OptimizerImpl.FUSED)
 
     def state_bytes(self, elements: int, param_state_bytes: int) -> float:
@@ -69,7 +76,10 @@ class OptimizerModel:
     def temporaries_formula(self, impl: OptimizerImpl) -> str:
         """How the step temporaries are counted, as text for the explanation."""
         if self.fp32_step_copies:
-            return f"{self.fp32_step_copies} fp32 copies of the largest tensor"
+            return (
+                f"{self.fp32_step_copies} fp32 copies of the largest tensor "
+                f"(+{self.upcast_copies} up-casts of 16-bit gradient and parameter)"
+            )
         if self.fixed_state_bytes or impl is OptimizerImpl.FUSED or not self.moments:
             return "updated in place"
         if impl is OptimizerImpl.FOREACH:
@@ -79,7 +89,8 @@ class OptimizerModel:
     def step_temporary_bytes(self, impl: OptimizerImpl, elements: int, largest: int, state_bytes: int) -> float:
         """Extra bytes alive during ``optimizer.step()``."""
         if self.fp32_step_copies:
-            return self.fp32_step_copies * 4 * largest
+            upcasts = self.upcast_copies if state_bytes < 4 else 0
+            return (self.fp32_step_copies + upcasts) * 4 * largest
         if self.fixed_state_bytes or impl is OptimizerImpl.FUSED or not self.moments:
             return 0.0
         if impl is OptimizerImpl.FOREACH:
@@ -96,7 +107,9 @@ OPTIMIZERS: dict[OptimizerName, OptimizerModel] = {
     OptimizerName.PAGED_ADAMW_8BIT: OptimizerModel(
         name=OptimizerName.PAGED_ADAMW_8BIT, moments=0, fixed_state_bytes=_EIGHT_BIT, paged=True
     ),
-    OptimizerName.ADAFACTOR: OptimizerModel(name=OptimizerName.ADAFACTOR, moments=0, fp32_step_copies=3),
+    OptimizerName.ADAFACTOR: OptimizerModel(
+        name=OptimizerName.ADAFACTOR, moments=0, fp32_step_copies=2, upcast_copies=2
+    ),
     OptimizerName.SGD: OptimizerModel(name=OptimizerName.SGD, moments=1, temp_copies=0),
     OptimizerName.LION: OptimizerModel(name=OptimizerName.LION, moments=1, temp_copies=1),
 }
@@ -105,3 +118,19 @@ OPTIMIZERS: dict[OptimizerName, OptimizerModel] = {
 def optimizer_model(name: OptimizerName) -> OptimizerModel:
     """The memory model of optimizer ``name``."""
     return OPTIMIZERS[name]
+
+
+def in_backward_step_bytes(
+    optimizer: OptimizerModel, impl: OptimizerImpl, elements: int, grad_bytes: int, state_bytes: int
+) -> int:
+    """Bytes alive inside one parameter's post-accumulate-grad hook with ``optimizer_in_backward``:
+    its gradient (``elements x grad_bytes``) and the temporaries of a step over that one tensor
+    (a foreach step over a one-tensor list copies that tensor only; Adafactor's fp32 copies).
+
+    Units: elements of the tensor on this rank, bytes per element. Assumes one tensor is stepped
+    at a time: torchtune's ``optimizer_in_bwd`` keeps one optimizer per parameter and steps it in
+    ``register_post_accumulate_grad_hook``; forgather's ``fuse_optim_with_backward`` steps one
+    optimizer whose only gradient is that parameter's, then ``zero_grad()`` (trainer.py
+    ``optimzer_hook``). Measured on CPU: tests/estimator/test_optimizer_in_backward.py."""
+    temporaries = optimizer.step_temporary_bytes(impl, elements, elements, state_bytes)
+    return int(elements * grad_bytes + temporaries)

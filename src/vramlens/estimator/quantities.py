@@ -11,12 +11,14 @@ from collections.abc import Callable
 
 from vramlens.categories import Category
 from vramlens.estimator.fsdp import Unsharded, fsdp_memory
+from vramlens.estimator.hook_step import hook_step
 from vramlens.estimator.layout import EMBED_NAMES, StageView, effective_quant, micro_batches_in_flight
 from vramlens.estimator.logits_terms import logits_terms
 from vramlens.estimator.offload import gradient_buffers
 from vramlens.estimator.optimizers import OptimizerModel, optimizer_model
 from vramlens.estimator.qlora import dequantized_bytes
 from vramlens.estimator.recompute import LayerActivations, eager_attention_working, layer_activations, train_state
+from vramlens.estimator.ring_attention import RingShape, ring_attention_backward_bytes
 from vramlens.estimator.stage_memory import WHOLE_STEP, Formula, StageMemory, Summed
 from vramlens.estimator.trl_head import head_input_per_token
 from vramlens.model.modules import layer_linears
@@ -258,15 +260,29 @@ def _working_sets(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str
     backward = max(backward, eager_backward, over_kept if recompute else 0)
     # A state mixer's scan backward (recompute.scan_backward_beyond), already per rank.
     scan = mem.mixer_backward_bytes_per_token
-    mem.working_bytes = int(tokens * max(backward / tp, scan))
+    ring = _ring_backward(ctx)
+    mem.working_bytes = max(int(tokens * max(backward / tp, scan)), ring)
     mem.forward_working_bytes = int(tokens * (forward / tp + mem.masks_bytes_per_token))
     masks = mem.masks_bytes_per_token
     mem.formulas["working_bytes"] = lambda: (
         f"max({backward:,.0f} B/token / tp {tp}, scan backward {scan:,.0f} B/token) x {tokens:,} tokens"
+        + (f"; ring attention backward (cp {ctx.workload.parallel.cp}) {format_bytes(ring)} if larger" if ring else "")
     )
     mem.formulas["forward_working_bytes"] = lambda: (
         f"({forward:,.0f} B/token / tp {tp} + masks {masks:,.0f} B/token) x {tokens:,} tokens"
     )
+
+
+def _ring_backward(ctx: TrainingContext) -> int:
+    """Context parallel's ring attention backward on this rank (:mod:`vramlens.estimator.ring_attention`)."""
+    parallel, spec = ctx.workload.parallel, ctx.spec
+    if parallel.cp == 1 or spec.attention is None:
+        return 0
+    heads = max(spec.num_heads // parallel.tp, 1)
+    shape = RingShape(
+        tokens=ctx.tokens, heads=heads, head_dim=spec.head_dim, cp=parallel.cp, compute_bytes=ctx.compute_bytes
+    )
+    return ring_attention_backward_bytes(shape)
 
 
 def _adapter_transients(ctx: TrainingContext, targets: frozenset[str], inner: int) -> tuple[float, float]:
@@ -344,6 +360,8 @@ def _optimizer_temporaries(ctx: TrainingContext, mem: StageMemory) -> None:
         )
         for group in mem.stage.trainable
     )
+    if ctx.in_backward_step:
+        hook_step(ctx, mem, optimizer, _sharded(ctx.workload.parallel.shard, ctx.shard_group, _GRAD_SHARDED))
     fp32_grads = sum(group.elements * 4 / d_state for group in mem.stage.trainable if group.master_bytes)
     mem.add(
         f"optimizer step temporaries ({ctx.optimizer_impl})",

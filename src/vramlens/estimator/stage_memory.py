@@ -95,6 +95,11 @@ class StageMemory:
     LayerActivations): inside that layer's backward."""
     step_temp_bytes: int = 0
     """The optimizer step's temporaries: inside optimizer.step()."""
+    hook_step_bytes: int = 0
+    """With ``optimizer_in_backward``: the largest trainable tensor's gradient and the temporaries
+    of its one-tensor step, inside that tensor's post-accumulate-grad hook (in backward)."""
+    hook_end_bytes: int = 0
+    """With ``optimizer_in_backward`` and a tied table: its gradient and step at the end of backward."""
     terms: list[Term] = field(default_factory=list)
     """Every quantity's terms, at their full size (the report's catalogue)."""
     parts: dict[str, list[Term]] = field(default_factory=dict)

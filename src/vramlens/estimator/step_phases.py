@@ -197,6 +197,20 @@ def _first_layers(ctx: TrainingContext, mem: StageMemory, outputs: int) -> tuple
     return "first layers of backward: a recomputed layer and the gradient working set", instant
 
 
+def _hook_step(mem: StageMemory, outputs: int) -> tuple[str, _Instant]:
+    """``optimizer_in_backward``: the largest tensor stepped in its post-accumulate-grad hook while
+    every layer's activations are still alive (the LM head's hook runs first in backward; the loss's
+    logits tensors are freed by then, the loop's kept outputs are not). An upper bound when the
+    largest tensor is a layer's or the embedding's (their hooks run later, with fewer activations)."""
+    instant = _base(mem, "inside the largest tensor's in-backward step")
+    for quantity in ("grad_buckets_bytes", "activations_bytes", "non_layer_bytes", "inputs_bytes"):
+        instant.part(quantity)
+    _kept_outputs(instant, outputs)
+    instant.quantity("the largest tensor's gradient and its step temporaries", _C.TEMPORARY, "hook_step_bytes")
+    _unsharded(instant, mem.unsharded.backward_start, "at the start of backward")
+    return "in backward: the largest tensor's optimizer step beside all activations", instant
+
+
 def _kept_outputs(instant: _Instant, outputs: int) -> None:
     formula = instant.mem.logits.formula if instant.mem.logits is not None else ""
     instant.add("model outputs the loop keeps (logits, until backward returns)", _C.TEMPORARY, outputs, formula)
@@ -213,6 +227,7 @@ def _backward_end(ctx: TrainingContext, mem: StageMemory, kept_to_end: int) -> t
     else:
         instant.add("the embedding's backward working set", _C.TEMPORARY, mem.end_working_bytes, "")
     instant.part("dequant_bytes")
+    instant.quantity("the tied table's gradient and its in-backward step", _C.TEMPORARY, "hook_end_bytes")
     _unsharded(instant, mem.unsharded.end, "in the embedding's backward")
     return "end of backward: every gradient", instant
 
@@ -284,6 +299,8 @@ def _backward(ctx: TrainingContext, mem: StageMemory) -> PhaseMemory:
         _backward_end(ctx, mem, kept_to_end),
         _last_layer(ctx, mem, kept_to_end, embedding),
     ]
+    if mem.hook_step_bytes:
+        candidates.append(_hook_step(mem, outputs))
     if u.end and ctx.spec.tie_word_embeddings and outputs:
         candidates.append(_tied_backward(ctx, mem, outputs, 0))
     tied = tied_embedding_grad_bytes(ctx)
