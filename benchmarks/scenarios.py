@@ -135,8 +135,35 @@ def _method(point: dict[str, Any], workload: dict[str, Any], notes: list[str]) -
         notes.append(
             f"PEFT method '{point['config_name'].split('--')[0]}' expressed as a frozen base with a rank-1 adapter"
         )
+        _prompt_tuning(point, workload, notes)
         return None
     return f"method {method!r} has no counterpart"
+
+
+def prompt_tokens(trainable: int, hidden: int) -> int | None:
+    """Virtual tokens of PEFT prompt tuning, from its trainable count (None if it does not divide).
+
+    ``PromptEmbedding`` is one ``nn.Embedding(num_virtual_tokens, token_dim)``: its parameters are
+    ``num_virtual_tokens x hidden`` (peft tuners/prompt_tuning/model.py, one transformer submodule
+    for a decoder). ``PeftModelForCausalLM.forward`` concatenates these embeddings before the
+    input embeddings and pads the labels with -100 (peft_model.py), so the base model runs on
+    ``seq + num_virtual_tokens`` positions: longer activations, logits and loss.
+    """
+    return trainable // hidden if trainable and trainable % hidden == 0 else None
+
+
+def _prompt_tuning(point: dict[str, Any], workload: dict[str, Any], notes: list[str]) -> None:
+    """Lengthen the sequence by prompt tuning's virtual tokens (:func:`prompt_tokens`)."""
+    lora = point.get("lora") or {}
+    match = re.match(r"\s*([\d,]+) trainable", lora.get("source_text") or "")
+    if lora.get("variant") != "prompt_tuning" or match is None:
+        return
+    virtual = prompt_tokens(int(match.group(1).replace(",", "")), point["hf_config"]["hidden_size"])
+    if virtual is None:
+        notes.append("prompt tuning: trainable count is not a whole number of virtual tokens; seq not lengthened")
+        return
+    workload["seq"] += virtual
+    notes.append(f"prompt tuning: {virtual} virtual tokens prepended (peft_model.py): seq {workload['seq']}")
 
 
 def _torchtitan_date(point: dict[str, Any]) -> str | None:

@@ -22,7 +22,7 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
 from accuracy import by_level, safe_summary, score, summary  # noqa: E402
-from scenarios import SHARED_VALIDATION, VALIDATION, load_points, point_workload  # noqa: E402
+from scenarios import SHARED_VALIDATION, VALIDATION, load_points, point_workload, prompt_tokens  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +69,19 @@ def test_points_are_compared_at_the_level_they_measured() -> None:
     for point in load_points():
         level = point_workload(point).level
         assert level == expected.get(point["measured_kind"], "device"), point["id"]
+
+
+def test_prompt_tuning_lengthens_the_sequence_by_its_virtual_tokens() -> None:
+    """PEFT prompt tuning prepends ``num_virtual_tokens`` embeddings (trainable count / hidden):
+    PEFT's MetaMathQA prompt_tuning experiment (adapter_config.json: num_virtual_tokens 200,
+    token_dim 3072) trains 614,400 parameters on 768-token batches, so the model runs 968."""
+    assert prompt_tokens(614_400, 3072) == 200
+    assert prompt_tokens(614_401, 3072) is None
+    point = next(p for p in load_points() if (p.get("lora") or {}).get("variant") == "prompt_tuning")
+    mapped = point_workload(point)
+    assert mapped.workload is not None
+    assert mapped.workload["seq"] == point["seq_len"] + 200
+    assert any("200 virtual tokens" in note for note in mapped.notes)
 
 
 @pytest.mark.skipif(not SHARED_VALIDATION.exists(), reason="shared/validation is not next to this checkout")
