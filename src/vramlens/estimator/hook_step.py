@@ -19,7 +19,8 @@ __all__ = ["hook_step"]
 def hook_step(ctx: TrainingContext, mem: StageMemory, optimizer: OptimizerModel, d_grad: int) -> None:
     """Set ``mem.hook_step_bytes`` (the largest tensor stepped beside the activations) and
     ``mem.hook_end_bytes`` (a tied table, at the end of backward). ``d_grad``: the gradient
-    sharding degree (FSDP and ZeRO-2/3 step the rank's shard of each tensor)."""
+    sharding degree (FSDP and ZeRO-2/3 step the rank's shard of each tensor). A group that records
+    no largest tensor (LoRA adapters) counts as one tensor: an upper bound."""
     stage, tied = mem.stage, ctx.full and ctx.spec.tie_word_embeddings
     for group in stage.trainable:
         n = (stage.largest_linear if tied else group.largest_tensor or group.elements) // d_grad

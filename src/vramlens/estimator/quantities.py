@@ -18,7 +18,7 @@ from vramlens.estimator.offload import gradient_buffers
 from vramlens.estimator.optimizers import OptimizerModel, optimizer_model
 from vramlens.estimator.qlora import dequantized_bytes
 from vramlens.estimator.recompute import LayerActivations, eager_attention_working, layer_activations, train_state
-from vramlens.estimator.ring_attention import RingShape, ring_attention_backward_bytes
+from vramlens.estimator.ring_attention import ring_backward_bytes
 from vramlens.estimator.stage_memory import WHOLE_STEP, Formula, StageMemory, Summed
 from vramlens.estimator.trl_head import head_input_per_token
 from vramlens.model.modules import layer_linears
@@ -260,7 +260,7 @@ def _working_sets(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str
     backward = max(backward, eager_backward, over_kept if recompute else 0)
     # A state mixer's scan backward (recompute.scan_backward_beyond), already per rank.
     scan = mem.mixer_backward_bytes_per_token
-    ring = _ring_backward(ctx)
+    ring = ring_backward_bytes(ctx)
     mem.working_bytes = max(int(tokens * max(backward / tp, scan)), ring)
     mem.forward_working_bytes = int(tokens * (forward / tp + mem.masks_bytes_per_token))
     masks = mem.masks_bytes_per_token
@@ -271,18 +271,6 @@ def _working_sets(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str
     mem.formulas["forward_working_bytes"] = lambda: (
         f"({forward:,.0f} B/token / tp {tp} + masks {masks:,.0f} B/token) x {tokens:,} tokens"
     )
-
-
-def _ring_backward(ctx: TrainingContext) -> int:
-    """Context parallel's ring attention backward on this rank (:mod:`vramlens.estimator.ring_attention`)."""
-    parallel, spec = ctx.workload.parallel, ctx.spec
-    if parallel.cp == 1 or spec.attention is None:
-        return 0
-    heads = max(spec.num_heads // parallel.tp, 1)
-    shape = RingShape(
-        tokens=ctx.tokens, heads=heads, head_dim=spec.head_dim, cp=parallel.cp, compute_bytes=ctx.compute_bytes
-    )
-    return ring_attention_backward_bytes(shape)
 
 
 def _adapter_transients(ctx: TrainingContext, targets: frozenset[str], inner: int) -> tuple[float, float]:

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["RingShape", "ring_attention_backward_bytes"]
+from vramlens.resolve.context import TrainingContext
+
+__all__ = ["RingShape", "ring_attention_backward_bytes", "ring_backward_bytes"]
 
 #: Bytes of the fp32 accumulators and rotated gradients (``convert_to_f32=True``).
 _ACCUMULATOR_BYTES = 4
@@ -59,3 +61,16 @@ def ring_attention_backward_bytes(shape: RingShape) -> int:
     accumulators = 3 * one * _ACCUMULATOR_BYTES
     rotated = 2 * 2 * one * _ACCUMULATOR_BYTES
     return gathered + accumulators + rotated
+
+
+def ring_backward_bytes(ctx: TrainingContext) -> int:
+    """:func:`ring_attention_backward_bytes` of one rank of the workload: ``ctx.tokens`` (batch x
+    seq / cp), the query heads on this TP rank; 0 without context parallel or attention."""
+    parallel, spec = ctx.workload.parallel, ctx.spec
+    if parallel.cp == 1 or spec.attention is None:
+        return 0
+    heads = max(spec.num_heads // parallel.tp, 1)
+    shape = RingShape(
+        tokens=ctx.tokens, heads=heads, head_dim=spec.head_dim, cp=parallel.cp, compute_bytes=ctx.compute_bytes
+    )
+    return ring_attention_backward_bytes(shape)
