@@ -3,10 +3,8 @@ shared/validation/public_scenarios.jsonl, bundled in benchmarks/data).
 
 Point estimates (issue 3's targets, training): coverage >= 95% of usable points, median absolute
 error <= 8%, 90th percentile <= 20%; at most 5% of the points measured at the allocated level
-under-estimated by more than 10%. The reserved level now comes from the caching-allocator model
-instead of a fraction calibrated on these points, and public reserved figures of FSDP runs hold
-more than it predicts (docs/accuracy.md), so reserved points are not held to that bound; the safe
-figures are (issue 20): at every level they cover at least 95% of the points (training and
+under-estimated by more than 10%; issue 20 holds every level to at most 3% (one point each
+today). The safe figures (issue 20): at every level they cover at least 95% of the points (training and
 inference), with a median margin of at most 10% over all of them. The benchmark prints the
 tables; this test keeps the targets from regressing.
 """
@@ -49,6 +47,15 @@ def test_training_accuracy_meets_the_issue_targets(results: list) -> None:
 def test_allocated_points_are_rarely_under_by_more_than_10_percent(results: list) -> None:
     allocated = by_level(results + score("infer"))["allocated"]
     assert summary(allocated)["under_10pct"] <= 0.05
+
+
+def test_every_level_is_rarely_under_by_more_than_10_percent(results: list) -> None:
+    """Issue 20: at most 3% of the points of every level under by more than 10% (one point each
+    now: p002 allocated, forgather's ALiBi bias; p024 reserved, docs/accuracy.md). The optimizer
+    step inside backward (p308), prompt tuning's virtual tokens (p079) and context parallel's
+    ring attention (p029) brought them there from 2 of 43 and 3 of 41."""
+    for level, group in by_level(results + score("infer")).items():
+        assert summary(group)["under_10pct"] <= 0.03, level
 
 
 def test_safe_figures_cover_95_percent_of_every_level_with_a_median_margin_of_10_percent(results: list) -> None:

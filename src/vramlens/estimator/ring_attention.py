@@ -4,7 +4,8 @@ torch's context parallel (``torch.distributed.tensor.experimental._attention``, 
 torchtitan's ``context_parallel``) runs SDPA over the sequence shards of the ``cp`` ranks.
 Its backward (``_templated_ring_attention_backward``), with the default options
 (``rotate_method`` all-gather, the default of torchtitan's
-``experimental.context_parallel_rotate_method``, and ``convert_to_f32=True``), keeps at once:
+``experimental.context_parallel_rotate_method``: config_manager.py at 9dec370 and since, and
+``convert_to_f32=True``), keeps at once:
 
 * the key and value of every CP rank: ``kv_rotater`` all-gathers ``cat([key, value])`` once
   (``_AllGatherRotater``): ``cp x 2 x`` one rank's K (or V) in the compute dtype;
@@ -13,8 +14,8 @@ Its backward (``_templated_ring_attention_backward``), with the default options
   ``cat([grad_key, grad_value])`` sent and the permuted copy received.
 
 K and V have the query heads: torchtitan's Llama repeats the KV heads before SDPA
-(``repeat_kv``), so this counts ``num_heads`` for them (an upper bound for code that does not).
-Not counted: the per-step kernel outputs (bf16, the size the working set already has) and the
+(``keys = repeat_kv(xk, self.n_rep)``, models/llama/model.py at 9dec370), so this counts
+``num_heads`` for them (an upper bound for code that does not). Not counted: the per-step kernel outputs (bf16, the size the working set already has) and the
 forward's merger (fp32 ``out`` and its ``_partial_update`` copies), which is smaller.
 """
 
