@@ -204,7 +204,8 @@ def _recorded_ends(timeline: Timeline) -> tuple[int, ...]:
 
 def _numbered_ends(timeline: Timeline, spans: list[tuple[str, int, int]]) -> tuple[int, ...]:
     """Step ends from numbered phases of the most common prefix: each number's last event."""
-    matches = [(_NUMBERED.match(name), last) for name, _, last in spans]
+    matched = {name: _NUMBERED.match(name) for name in {span[0] for span in spans}}  # names repeat: match each once
+    matches = [(matched[name], last) for name, _, last in spans]
     prefixes = Counter(match.group("prefix") for match, _ in matches if match)
     if not prefixes:
         return ()
