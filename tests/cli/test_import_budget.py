@@ -100,6 +100,7 @@ ALLOWED = frozenset(
         "vramlens.model.hub_cache",
         "vramlens.model.modules",
         "vramlens.model.params",
+        "vramlens.model.quant_formats",
         "vramlens.model.quantization",
         "vramlens.model.resolve",
         "vramlens.model.spec",

@@ -5,6 +5,8 @@ Every expected number is worked out by hand from the events next to it.
 
 from __future__ import annotations
 
+import itertools
+import random
 from collections.abc import Sequence
 
 import pytest
@@ -169,6 +171,75 @@ def test_a_cache_that_is_replaced_by_a_bigger_one_is_not_a_leak() -> None:
     # The live total grows (100, 200, 300, 400) but only the newest cache lives: nothing
     # allocated in an earlier step survives, so it is growth, not a leak.
     assert find_leaks(timeline, lifetimes(timeline), step_ends(timeline)[0]) == ()
+
+
+def _direct_leaks(timeline: Timeline, ends: tuple[int, ...], min_steps: int) -> dict[str, tuple[int, ...]]:
+    """Reference for find_leaks, by a direct walk of the events (quadratic; small timelines only):
+    each stack's live total at every step end, for the stacks whose total never shrinks and ends
+    above where it started, and whose allocations of at least two earlier steps, the oldest
+    ``min_steps`` step ends old, are live at the last end."""
+    totals: dict[str, list[int]] = {}
+    survivors: dict[str, set[int]] = {}
+    for position, end in enumerate(ends):
+        live: dict[int, tuple[int, str, int]] = {}
+        for index in range(end + 1):
+            storage, nbytes = int(timeline.storage[index]), int(timeline.nbytes[index])
+            if nbytes > 0:
+                step = next(k for k, mark in enumerate(ends) if mark >= index)
+                live[storage] = (nbytes, timeline.stacks[int(timeline.stack[index])], step)
+            else:
+                live.pop(storage, None)
+        for nbytes, stack, _ in live.values():
+            totals.setdefault(stack, [0] * len(ends))[position] += nbytes
+        if position == len(ends) - 1:
+            for _, stack, step in live.values():
+                if step < position:
+                    survivors.setdefault(stack, set()).add(step)
+    last = len(ends) - 1
+    return {
+        stack: tuple(values)
+        for stack, values in totals.items()
+        if all(b >= a for a, b in itertools.pairwise(values))
+        and values[-1] > values[0]
+        and len(survivors.get(stack, ())) >= 2
+        and last - min(survivors[stack]) >= min_steps
+    }
+
+
+def _random_steps(seed: int) -> Timeline:
+    """3-9 steps of allocations from three stacks; ``keep`` frees few of its tensors, the others most."""
+    rng = random.Random(seed)
+    events: list[Event] = []
+    live: list[tuple[int, int, str]] = []
+    for step in range(rng.randint(3, 9)):
+        for storage in range(step * 100, step * 100 + rng.randint(1, 12)):
+            size, stack = rng.choice((8, 64, 512)), rng.choice(("keep.py:1 in k", "a.py:2 in f", "b.py:3 in g"))
+            events.append((size, ACT, storage, "forward", None, stack))
+            live.append((storage, size, stack))
+        for item in [item for item in live if rng.random() < (0.15 if item[2].startswith("keep") else 0.8)]:
+            live.remove(item)
+            events.append((-item[1], ACT, item[0], "forward", None, None))
+        events.append((4, TEMP, 10**6 + step, "optimizer_step", None, None))
+        events.append((-4, TEMP, 10**6 + step, "optimizer_step", None, None))
+    return build(events)
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_find_leaks_matches_a_direct_walk(seed: int) -> None:
+    """The sparse per-(stack, step end) changes find the same leaks with the same live totals as
+    walking the events; over the seeds, leaks are found and some stacks are rejected."""
+    timeline = _random_steps(seed)
+    ends, _ = step_ends(timeline)
+    found = {leak.stack[0]: leak.totals for leak in find_leaks(timeline, lifetimes(timeline), ends, min_steps=1)}
+    assert found == _direct_leaks(timeline, ends, min_steps=1)
+
+
+def test_the_random_leak_cases_are_not_vacuous() -> None:
+    counts = []
+    for seed in range(16):
+        timeline = _random_steps(seed)
+        counts.append(len(find_leaks(timeline, lifetimes(timeline), step_ends(timeline)[0], min_steps=1)))
+    assert 0 < sum(counts) < 3 * 16 and counts.count(0) < 16
 
 
 def _oom_timeline(**metadata: object) -> Timeline:

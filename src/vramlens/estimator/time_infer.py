@@ -23,21 +23,15 @@ from vramlens.estimator.time_comm import inter_bandwidth, intra_bandwidth
 from vramlens.estimator.time_flops import attention_core_flops, layer_matmul_parameters
 from vramlens.estimator.time_tables import GPUS_PER_NODE, MEMORY_EFFICIENCY, MFU, SATURATION_TOKENS
 from vramlens.hardware import GpuSpec
+from vramlens.model.quant_formats import QUANT_FORMATS
 from vramlens.model.spec import ModelSpec
 from vramlens.workload.options import KvDtype, Precision, Quant
 from vramlens.workload.spec import Workload
 
 __all__ = ["InferenceParts", "inference_parts"]
 
-_WEIGHT_BYTES: dict[Quant, float] = {
-    Quant.INT8: 1.0,
-    Quant.FP8: 1.0,
-    Quant.GPTQ_INT8: 1.0,
-    Quant.NF4: 0.5,
-    Quant.NF4_DQ: 0.5,
-    Quant.GPTQ_INT4: 0.5,
-    Quant.AWQ_INT4: 0.5,
-}
+#: Bytes a matmul reads per quantized weight element (bits / 8; side tensors ignored).
+_WEIGHT_BYTES: dict[Quant, float] = {quant: fmt.bits / 8 for quant, fmt in QUANT_FORMATS.items()}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from vramlens._compat import StrEnum
 from vramlens.dtypes import (
     fp8_block_scale_bytes,
     gptq_awq_overhead_bytes,
@@ -24,28 +23,13 @@ from vramlens.dtypes import (
     nf4_scale_bytes,
     nf4_state_bytes,
 )
-from vramlens.model.quantization import QuantizationSpec, QuantMethod
-from vramlens.workload.options import Quant
+from vramlens.model.quant_formats import QUANT_FORMATS, Quant, QuantMethod, Scheme
+from vramlens.model.quantization import QuantizationSpec
 
 __all__ = ["Scheme", "WeightFormat", "format_for_checkpoint", "format_for_quant", "layer_index"]
 
 #: GPTQ/AWQ group size when the workload names only the format (AutoGPTQ, AutoAWQ default).
 DEFAULT_GROUP_SIZE = 128
-
-
-class Scheme(StrEnum):
-    """Storage schemes with distinct side tensors."""
-
-    BNB_4BIT = "bnb-4bit"
-    """bitsandbytes NF4/FP4: packed 4-bit pairs plus one absmax per 64 elements."""
-    BNB_INT8 = "bnb-int8"
-    """bitsandbytes LLM.int8: int8 elements plus one fp32 scale per output row."""
-    GROUPED_INT = "grouped-int"
-    """GPTQ/AWQ/compressed-tensors integers: fp16 scales and packed zeros per group."""
-    FP8 = "fp8"
-    """float8 elements with per-tensor or block scales."""
-    MXFP4 = "mxfp4"
-    """OCP MXFP4: 4-bit elements with one E8M0 exponent per 32."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -123,14 +107,12 @@ def layer_index(name: str) -> int | None:
 
 _LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks)\.(\d+)(?:\.|$)")
 
+#: The default storage of each workload ``quant`` value, from the vocabulary's one table.
 _BY_QUANT = {
-    Quant.NF4: WeightFormat(name="nf4", scheme=Scheme.BNB_4BIT, bits=4),
-    Quant.NF4_DQ: WeightFormat(name="nf4-dq", scheme=Scheme.BNB_4BIT, bits=4, double_quant=True),
-    Quant.INT8: WeightFormat(name="int8", scheme=Scheme.BNB_INT8, bits=8),
-    Quant.GPTQ_INT4: WeightFormat(name="gptq-int4", scheme=Scheme.GROUPED_INT, bits=4, g_idx=True),
-    Quant.GPTQ_INT8: WeightFormat(name="gptq-int8", scheme=Scheme.GROUPED_INT, bits=8, g_idx=True),
-    Quant.AWQ_INT4: WeightFormat(name="awq-int4", scheme=Scheme.GROUPED_INT, bits=4),
-    Quant.FP8: WeightFormat(name="fp8", scheme=Scheme.FP8, bits=8),
+    quant: WeightFormat(
+        name=quant.value, scheme=fmt.scheme, bits=fmt.bits, g_idx=fmt.g_idx, double_quant=fmt.double_quant
+    )
+    for quant, fmt in QUANT_FORMATS.items()
 }
 
 

@@ -204,7 +204,8 @@ def _recorded_ends(timeline: Timeline) -> tuple[int, ...]:
 
 def _numbered_ends(timeline: Timeline, spans: list[tuple[str, int, int]]) -> tuple[int, ...]:
     """Step ends from numbered phases of the most common prefix: each number's last event."""
-    matches = [(_NUMBERED.match(name), last) for name, _, last in spans]
+    matched = {name: _NUMBERED.match(name) for name in {span[0] for span in spans}}  # names repeat: match each once
+    matches = [(matched[name], last) for name, _, last in spans]
     prefixes = Counter(match.group("prefix") for match, _ in matches if match)
     if not prefixes:
         return ()
@@ -276,20 +277,52 @@ def find_leaks(timeline: Timeline, lives: Lifetimes, ends: tuple[int, ...], *, m
         return ()
     row = np.cumsum(eligible) - 1
     chosen = eligible[group] & (step <= last)
-    sizes = timeline.nbytes[lives.start[chosen]]
-    changes = np.zeros((int(eligible.sum()), last + 2), dtype=np.int64)
-    np.add.at(changes, (row[group[chosen]], step[chosen]), sizes)
-    np.add.at(changes, (row[group[chosen]], np.minimum(gone[chosen], last + 1)), -sizes)
-    totals = np.cumsum(changes, axis=1)[:, : last + 1]
-    growing = np.all(np.diff(totals, axis=1) >= 0, axis=1) & (totals[:, -1] > totals[:, 0])
+    rows, sizes = row[group[chosen]], timeline.nbytes[lives.start[chosen]]
+    keys, net = _net_changes(rows, step[chosen], np.minimum(gone[chosen], last + 1), sizes, last)
+    growing_rows = _growing_rows(keys, net, last, int(eligible.sum()))
     survivors = np.flatnonzero(kept)
     survivors = survivors[np.argsort(group[survivors], kind="stable")]
     bounds = np.searchsorted(group[survivors], np.arange(len(groups) + 1))
     found = []
-    for index in np.flatnonzero(eligible)[growing].tolist():
+    for index in np.flatnonzero(eligible)[growing_rows].tolist():
         members = np.sort(survivors[bounds[index] : bounds[index + 1]])
-        found.append(_leak(timeline, lives, members, step[members], totals[row[index]], last))
+        totals = _row_totals(keys, net, int(row[index]), last)
+        found.append(_leak(timeline, lives, members, step[members], totals, last))
     return tuple(sorted(found, key=lambda leak: (-leak.bytes_per_step, -leak.nbytes)))
+
+
+def _net_changes(
+    rows: Int64Array, born: Int64Array, died: Int64Array, sizes: Int64Array, last: int
+) -> tuple[Int64Array, Int64Array]:
+    """Sparse per-(row, step end) net byte changes: ``+size`` at the end an allocation first
+    counts at and ``-size`` at the first end it no longer reaches (``last + 1``: never gone).
+    Keys are ``row * (last + 2) + end``, ascending; only the (row, end) pairs that occur are
+    kept, so the cost is linear in the allocations however many steps the record has."""
+    width = last + 2
+    raw = np.concatenate((rows * width + born, rows * width + died))
+    keys, where = np.unique(raw, return_inverse=True)
+    net = np.bincount(where, weights=np.concatenate((sizes, -sizes)).astype(np.float64), minlength=len(keys))
+    return keys, np.rint(net).astype(np.int64)
+
+
+def _growing_rows(keys: Int64Array, net: Int64Array, last: int, count: int) -> npt.NDArray[np.bool_]:
+    """Rows whose live total never shrinks from one step end to the next (no negative net change
+    at ends ``1..last``) and ends above where it started (a positive sum of those changes)."""
+    width = last + 2
+    rows, ends = keys // width, keys % width
+    inside = (ends >= 1) & (ends <= last)
+    shrinks = np.bincount(rows[inside & (net < 0)], minlength=count) > 0
+    gained = np.bincount(rows[inside], weights=net[inside].astype(np.float64), minlength=count)
+    return ~shrinks & (gained > 0)
+
+
+def _row_totals(keys: Int64Array, net: Int64Array, row: int, last: int) -> Int64Array:
+    """One row's live total at every step end ``0..last`` (cumulative sum of its net changes)."""
+    width = last + 2
+    lo, hi = np.searchsorted(keys, [row * width, (row + 1) * width])
+    changes = np.zeros(width, dtype=np.int64)
+    changes[keys[lo:hi] - row * width] = net[lo:hi]
+    return np.cumsum(changes)[: last + 1]
 
 
 def _group_keys(timeline: Timeline, events: Int64Array) -> Int64Array:

@@ -24,22 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from vramlens._compat import StrEnum
 from vramlens.errors import ConfigError
+from vramlens.model.quant_formats import QuantMethod, workload_quant
 
 __all__ = ["QuantMethod", "QuantizationSpec", "parse_quantization_config"]
-
-
-class QuantMethod(StrEnum):
-    """Weight quantization families."""
-
-    GPTQ = "gptq"
-    AWQ = "awq"
-    BNB_4BIT = "bnb-4bit"
-    BNB_8BIT = "bnb-8bit"
-    FP8 = "fp8"
-    COMPRESSED_TENSORS = "compressed-tensors"
-    MXFP4 = "mxfp4"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -69,7 +57,12 @@ class QuantizationSpec:
 
     @property
     def workload_name(self) -> str:
-        """The matching ``quant`` value of the workload contract (nf4, nf4-dq, gptq-int4, fp8, ...)."""
+        """The workload ``quant`` value of these weights when they are one of
+        :data:`~vramlens.model.quant_formats.QUANT_FORMATS` (nf4, nf4-dq, gptq-int4, fp8, ...); else
+        a name in the same style for a format only checkpoints have (fp4, gptq-int3, int4)."""
+        known = workload_quant(self.method, self.bits, self.weight_dtype, double_quant=self.double_quant)
+        if known is not None:
+            return known.value
         if self.method is QuantMethod.BNB_4BIT:
             base = self.weight_dtype
             return f"{base}-dq" if self.double_quant and base == "nf4" else base

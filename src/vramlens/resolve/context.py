@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vramlens.errors import InputError
+from vramlens.model.quant_formats import qlora_bases
 from vramlens.model.spec import ModelSpec
 from vramlens.resolve._memo import memo
 from vramlens.resolve.attention import hf_attention_kernel
@@ -180,10 +181,9 @@ def _check_model_fit(spec: ModelSpec, workload: Workload) -> None:
     check_head_split(spec, workload)
     if workload.seq % workload.parallel.cp:
         raise InputError(f"parallel.cp: {workload.parallel.cp} must divide seq {workload.seq}")
-    if workload.method is Method.QLORA and workload.quant in (Quant.FP8, Quant.GPTQ_INT8, Quant.INT8):
-        raise InputError(
-            f"quant: qlora trains adapters on a 4-bit base; got {workload.quant} (use nf4, nf4-dq, gptq-int4 or awq-int4)"
-        )
+    if workload.method is Method.QLORA and workload.quant is not Quant.NONE and workload.quant not in qlora_bases():
+        accepted = ", ".join(quant.value for quant in qlora_bases())
+        raise InputError(f"quant: qlora trains adapters on a 4-bit base; got {workload.quant} (use {accepted})")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

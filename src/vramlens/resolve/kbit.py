@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from vramlens.model.quant_formats import bnb_4bit_quants
 from vramlens.workload.options import Method, Quant, Shard
 
 if TYPE_CHECKING:
@@ -16,7 +17,7 @@ __all__ = ["BNB_4BIT_QUANTS", "FP32", "bnb_4bit_base", "kbit_notes", "kbit_prepa
 
 #: Workload ``quant`` values stored by bitsandbytes' 4-bit linears (``method: qlora`` without a
 #: ``quant`` means nf4-dq, the QLoRA paper's setting).
-BNB_4BIT_QUANTS = frozenset({Quant.NF4, Quant.NF4_DQ})
+BNB_4BIT_QUANTS = bnb_4bit_quants()
 #: Sharding that stores the 4-bit weights in bf16 flat parameters and skips the preparation (TRL).
 _SHARDED = frozenset({Shard.FSDP, Shard.HSDP, Shard.ZERO3})
 FP32 = 4

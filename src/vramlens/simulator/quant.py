@@ -45,6 +45,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from vramlens.model.quant_formats import QUANT_FORMATS
+from vramlens.resolve.kbit import BNB_4BIT_QUANTS
 from vramlens.workload.options import Method, Mode, Quant
 
 __all__ = [
@@ -62,7 +64,7 @@ __all__ = [
 NF4_CODE_ENTRIES = 16
 #: Entries of bitsandbytes' dynamic 8-bit map copied into each nested quant state (fp32).
 NESTED_CODE_ENTRIES = 256
-_NF4_QUANTS = (Quant.NF4, Quant.NF4_DQ)
+_NF4_QUANTS = BNB_4BIT_QUANTS
 #: Whether simulated QLoRA training runs ``peft.prepare_model_for_kbit_training`` (PEFT's and
 #: transformers' QLoRA guides, the QLoRA paper's script, TRL <= 0.26); False models TRL >= 0.27,
 #: which skips it. The workload contract has no key for this; tests switch it.
@@ -100,7 +102,7 @@ def nf4_settings(workload: Any, *, dtype: Any, weights: Any = None, compute: str
         adapters = workload.method in (Method.LORA, Method.QLORA)
         if not adapters or (workload.method is Method.LORA and workload.quant not in _NF4_QUANTS):
             return None
-        double = workload.quant is not Quant.NF4
+        double = workload.quant is Quant.NONE or QUANT_FORMATS[workload.quant].double_quant  # qlora alone: nf4-dq
         return Nf4Settings(double_quant=double, compute_dtype=dtype, prepare_kbit=PREPARE_KBIT_TRAINING)
     if weights is None or weights.scheme.value != "bnb-4bit":
         return None

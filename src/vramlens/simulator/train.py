@@ -20,6 +20,7 @@ from unittest import mock
 
 from vramlens._extras import require
 from vramlens.resolve.context import TrainingContext
+from vramlens.resolve.kbit import BNB_4BIT_QUANTS
 from vramlens.result.timeline import Timeline
 from vramlens.simulator.build import SimulationError, attention_note, build_model, torch_dtype
 from vramlens.simulator.distributed import (
@@ -33,7 +34,7 @@ from vramlens.simulator.distributed import (
     shard_plan,
 )
 from vramlens.simulator.quant import quant_note
-from vramlens.workload.options import OptimizerImpl, OptimizerName, Recompute
+from vramlens.workload.options import OptimizerImpl, OptimizerName, Quant, Recompute
 
 __all__ = ["TrainingRun", "simulate_training"]
 
@@ -106,7 +107,7 @@ def check_training(ctx: TrainingContext) -> None:
     parallel = workload.parallel
     refusals = {
         "parallel": (parallel.tp, parallel.pp, parallel.cp, parallel.ep) != (1, 1, 1, 1),
-        "quant": workload.quant.value not in ("none", "nf4", "nf4-dq"),
+        "quant": workload.quant is not Quant.NONE and workload.quant not in BNB_4BIT_QUANTS,
         "compile": workload.compile,
         "optimizer": workload.optimizer not in OPTIMIZERS,
         "loss": ctx.loss.value != "full",

@@ -7,6 +7,7 @@ lists; the docstring of each member says what it means for memory.
 from __future__ import annotations
 
 from vramlens._compat import StrEnum
+from vramlens.model.quant_formats import Quant
 
 __all__ = [
     "AttentionImpl",
@@ -75,17 +76,6 @@ class Precision(StrEnum):
     def mixed(self) -> bool:
         """True for the mixed policies (fp32 master weights)."""
         return self in (Precision.MIXED_BF16, Precision.MIXED_FP16)
-
-
-class Quant(StrEnum):
-    NONE = "none"
-    INT8 = "int8"
-    NF4 = "nf4"
-    NF4_DQ = "nf4-dq"
-    GPTQ_INT4 = "gptq-int4"
-    GPTQ_INT8 = "gptq-int8"
-    AWQ_INT4 = "awq-int4"
-    FP8 = "fp8"
 
 
 class OptimizerName(StrEnum):
