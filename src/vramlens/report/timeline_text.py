@@ -31,10 +31,11 @@ console (:func:`needs_ascii`). Breakdown bars (:class:`Bar`) follow the same rul
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import numpy as np
 from rich.box import Box
 from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, RenderResult
@@ -43,10 +44,13 @@ from rich.style import Style
 from rich.text import Text
 
 from vramlens.report.palette import Swatch, swatch
-from vramlens.report.series import StackedSeries, report_series
+from vramlens.report.points import SeriesPoints, report_points
 from vramlens.report.timeline_layout import DEFAULT_HEIGHT, TimelineLayout, axis_label, layout_timeline
 from vramlens.result.report import MemoryReport
 from vramlens.units import format_bytes
+
+if TYPE_CHECKING:
+    from vramlens.report.series import StackedSeries
 
 __all__ = [
     "ASCII_TABLE_BOX",
@@ -205,7 +209,7 @@ def _plot_rows(layout: TimelineLayout) -> Iterator[Text]:
 def _cell(layout: TimelineLayout, row: int, column: int, swatches: list[Swatch]) -> tuple[str, str | Style]:
     """The character and style of one plot cell."""
     glyphs = _glyphs(layout)
-    category = int(layout.cells[row, column])
+    category = layout.cells[row][column]
     on_capacity = row == layout.capacity_row
     if category < 0:
         return (glyphs.capacity, _CAPACITY_STYLE) if on_capacity else (" ", "")
@@ -214,7 +218,7 @@ def _cell(layout: TimelineLayout, row: int, column: int, swatches: list[Swatch])
         return glyphs.capacity, Style(color=_CAPACITY_STYLE, bgcolor=color)
     if glyphs.eighths is None:
         return swatches[category].ascii, color
-    filled = min(int(layout.levels[column]) - row * layout.steps, layout.steps)
+    filled = min(layout.levels[column] - row * layout.steps, layout.steps)
     return glyphs.eighths[filled], color
 
 
@@ -225,10 +229,9 @@ def _phase_row(layout: TimelineLayout) -> tuple[_Row, list[int]]:
     row, ticks = _Row(width), []
     spans = []
     for name, first, last in series.phases:
-        lo = int(np.searchsorted(series.x, first, side="left"))
-        after = int(np.searchsorted(series.x, last, side="right"))
-        end = int(layout.point_column[after]) - 1 if after < len(series.x) else width - 1
-        spans.append((name, int(layout.point_column[min(lo, len(series.x) - 1)]), end))
+        lo, after = bisect_left(series.x, first), bisect_right(series.x, last)
+        end = layout.point_column[after] - 1 if after < len(series.x) else width - 1
+        spans.append((name, layout.point_column[min(lo, len(series.x) - 1)], end))
     following = [width] * len(spans)
     for i in range(len(spans) - 2, -1, -1):
         following[i] = spans[i + 1][1] if spans[i + 1][1] > spans[i][1] else following[i + 1]
@@ -296,7 +299,7 @@ def _legend(layout: TimelineLayout, width: int) -> list[Text]:
     return lines
 
 
-def _title(series: StackedSeries, width: int) -> Text:
+def _title(series: SeriesPoints, width: int) -> Text:
     """The longest of the titles that fits ``width``."""
     over = {"phase": "by phase", "ms": "over time"}.get(series.x_unit, "over events")
     events = "" if series.x_unit == "phase" else f"; {series.events:,} events"
@@ -309,13 +312,13 @@ def _title(series: StackedSeries, width: int) -> Text:
 
 
 def render_timeline(
-    series: StackedSeries, *, width: int, height: int = DEFAULT_HEIGHT, ascii_only: bool = False
+    series: SeriesPoints | StackedSeries, *, width: int, height: int = DEFAULT_HEIGHT, ascii_only: bool = False
 ) -> list[Text]:
     """The picture's lines, none wider than ``width`` cells (see the module docstring)."""
     if not len(series.x):
         return [Text("timeline: no memory events to draw")]
     layout = layout_timeline(series, width=width, height=height, ascii_only=ascii_only)
-    glyphs, prefix = _glyphs(layout), " " * (layout.label_width + 2)
+    glyphs, prefix, series = _glyphs(layout), " " * (layout.label_width + 2), layout.series
     phases, ticks = _phase_row(layout)
     axis = Text(axis_label(0).rjust(layout.label_width) + " " + glyphs.corner, "dim", no_wrap=True, overflow="crop")
     rule = [glyphs.rule] * layout.plot_width
@@ -336,7 +339,7 @@ class TerminalTimeline:
     """The timeline as a rich renderable: as wide as the console (or ``width``), ASCII when
     asked or when the console cannot show the blocks (:func:`needs_ascii`)."""
 
-    series: StackedSeries
+    series: SeriesPoints | StackedSeries
     height: int = DEFAULT_HEIGHT
     ascii_only: bool = False
     width: int | None = None
@@ -351,12 +354,12 @@ def timeline_renderable(
     report: MemoryReport, *, ascii_only: bool = False, height: int = DEFAULT_HEIGHT, width: int | None = None
 ) -> TerminalTimeline:
     """The terminal timeline of a report (over its timeline, or over its phases)."""
-    return TerminalTimeline(series=report_series(report), height=height, ascii_only=ascii_only, width=width)
+    return TerminalTimeline(series=report_points(report), height=height, ascii_only=ascii_only, width=width)
 
 
 def timeline_text(
     report: MemoryReport, *, width: int = 100, height: int = DEFAULT_HEIGHT, ascii_only: bool = False
 ) -> str:
     """The timeline as plain text (no colors), e.g. for a README or a log."""
-    lines = render_timeline(report_series(report), width=width, height=height, ascii_only=ascii_only)
+    lines = render_timeline(report_points(report), width=width, height=height, ascii_only=ascii_only)
     return "\n".join(line.plain for line in lines) + "\n"
