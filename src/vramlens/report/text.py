@@ -60,7 +60,7 @@ def _bar(share: float, width: int = _BAR_WIDTH, *, ascii_only: bool = False) -> 
 
 def _breakdown_table(report: MemoryReport, *, ascii_only: bool = False) -> TableBlock:
     peak = report.peak
-    columns = (Column(header="category"), Column(header="memory", justify="right"))
+    columns: tuple[Column, ...] = (Column(header="category"), Column(header="memory", justify="right"))
     columns += (Column(header="share", justify="right"), Column(header="", no_wrap=True))
     table = TableBlock(columns=columns, title=f"at the peak: {peak.name} ({peak.note})", ascii_only=ascii_only)
     rows = [(c.value, b) for c, b in peak.breakdown.items() if b]
@@ -122,8 +122,8 @@ def _levels_table(report: MemoryReport, *, ascii_only: bool = False) -> TableBlo
 
 
 def _phases_table(report: MemoryReport, *, ascii_only: bool = False) -> TableBlock:
-    columns = (Column(header="phase"), Column(header="allocated", justify="right"), Column(header="", no_wrap=True))
-    columns += (Column(header="high point"),)
+    columns: tuple[Column, ...] = (Column(header="phase"), Column(header="allocated", justify="right"))
+    columns += (Column(header="", no_wrap=True), Column(header="high point"))
     table = TableBlock(columns=columns, title="phases (allocated)", ascii_only=ascii_only)
     table.rows.extend(phase_rows(report, report.phases, ascii_only=ascii_only))
     return table

@@ -176,7 +176,8 @@ def _cells(
     if not series.categories or not series.x:
         return tuple((-1,) * len(shown) for _ in range(height))
     row_bytes = scale / height
-    columns = [_column_cells(series, index, row_bytes, height) for index in shown]
+    by_point = {index: _column_cells(series, index, row_bytes, height) for index in set(shown)}
+    columns = [by_point[index] for index in shown]
     return tuple(
         tuple(column[row] if level > row * steps else -1 for column, level in zip(columns, levels, strict=True))
         for row in range(height)
