@@ -13,13 +13,15 @@ from vramlens.categories import Category
 from vramlens.estimator.fsdp import Unsharded, fsdp_memory
 from vramlens.estimator.layout import EMBED_NAMES, StageView, effective_quant, micro_batches_in_flight
 from vramlens.estimator.logits_terms import logits_terms
+from vramlens.estimator.memo_keys import SizeFreeInputs
 from vramlens.estimator.offload import gradient_buffers
 from vramlens.estimator.optimizers import OptimizerModel, optimizer_model
 from vramlens.estimator.qlora import dequantized_bytes
 from vramlens.estimator.recompute import LayerActivations, eager_attention_working, layer_activations, train_state
-from vramlens.estimator.stage_memory import WHOLE_STEP, Formula, StageMemory, Summed
+from vramlens.estimator.stage_memory import WHOLE_STEP, Formula, StageEffect, StageMemory, Summed, record_effect
 from vramlens.estimator.trl_head import head_input_per_token
 from vramlens.model.modules import layer_linears
+from vramlens.resolve._memo import memo
 from vramlens.resolve.context import TrainingContext
 from vramlens.resolve.derived import checkpointed_layers
 from vramlens.units import format_bytes
@@ -183,8 +185,8 @@ def _activations(ctx: TrainingContext, mem: StageMemory, acts: LayerActivations)
         mem.notes.append("pp_schedule interleaved-1f1b: two model chunks per rank assumed")
 
 
-def _transients(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str]) -> None:
-    """Short-lived memory: autocast casts, gathered shards, dequantized weights, backward working set."""
+def _casts(ctx: TrainingContext, mem: StageMemory) -> None:
+    """Autocast weight copies (full fine-tuning of fp32 weights under autocast)."""
     stage, a, spec = mem.stage, ctx.compute_bytes, ctx.spec
     if ctx.autocast and ctx.full:
         linear = stage.trainable_elements - stage.layers * spec.norms_per_layer * spec.hidden_size
@@ -198,9 +200,6 @@ def _transients(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str])
         )
         mem.casts_backward_bytes = _casts_in_backward(ctx, mem.casts_bytes, stage.layers)
         mem.formulas["casts_backward_bytes"] = _casts_backward_formula(ctx, stage.layers)
-    _unsharded(ctx, mem)
-    _dequantized(ctx, mem)
-    _working_sets(ctx, mem, targets)
 
 
 def _unsharded(ctx: TrainingContext, mem: StageMemory) -> None:
@@ -363,10 +362,26 @@ def _optimizer_temporaries(ctx: TrainingContext, mem: StageMemory) -> None:
     )
 
 
+def _size_free(ctx: TrainingContext, stage: StageView, part: str, fill: Callable[[StageMemory], None]) -> StageEffect:
+    """The effect of ``fill`` (a part that reads neither batch nor sequence length), memoized on the model."""
+    key = SizeFreeInputs(part=part, stage=stage.name, workload=SizeFreeInputs.workload_keys(ctx.workload))
+    return memo(ctx.spec, key, lambda: record_effect(stage, fill))
+
+
+def _static_transients(ctx: TrainingContext, mem: StageMemory) -> None:
+    """The short-lived memory that depends on the model and the parallelism only: autocast casts,
+    gathered shards, a dequantized weight, the optimizer step's temporaries."""
+    _casts(ctx, mem)
+    _unsharded(ctx, mem)
+    _dequantized(ctx, mem)
+    _optimizer_temporaries(ctx, mem)
+
+
 def stage_memory(ctx: TrainingContext, stage: StageView, targets: frozenset[str]) -> StageMemory:
-    """Every quantity of one pipeline stage."""
+    """Every quantity of one pipeline stage (the parts that read neither batch nor sequence length
+    memoized on the model: :class:`~vramlens.estimator.memo_keys.SizeFreeInputs`)."""
     mem = StageMemory(stage=stage)
-    _weights_and_state(ctx, mem)
+    mem.apply(_size_free(ctx, stage, "weights and state", lambda scratch: _weights_and_state(ctx, scratch)))
     acts = layer_activations(ctx, train_state(ctx, targets), stage.layer_range)
     if ctx.method is Method.FREEZE and not EMBED_NAMES & set(ctx.workload.lora.modules_to_save):
         acts = LayerActivations(
@@ -378,6 +393,6 @@ def stage_memory(ctx: TrainingContext, stage: StageView, targets: frozenset[str]
     _activations(ctx, mem, acts)
     if stage.last:
         logits_terms(ctx, mem, targets)
-    _transients(ctx, mem, targets)
-    _optimizer_temporaries(ctx, mem)
+    mem.apply(_size_free(ctx, stage, "transients", lambda scratch: _static_transients(ctx, scratch)))
+    _working_sets(ctx, mem, targets)
     return mem
