@@ -18,10 +18,9 @@ from vramlens.estimator.offload import gradient_buffers
 from vramlens.estimator.optimizers import OptimizerModel, optimizer_model
 from vramlens.estimator.qlora import dequantized_bytes
 from vramlens.estimator.recompute import LayerActivations, eager_attention_working, layer_activations, train_state
-from vramlens.estimator.stage_memory import WHOLE_STEP, Formula, StageEffect, StageMemory, Summed, record_effect
+from vramlens.estimator.stage_memory import WHOLE_STEP, Formula, StageMemory, Summed, size_free_effect
 from vramlens.estimator.trl_head import head_input_per_token
 from vramlens.model.modules import layer_linears
-from vramlens.resolve._memo import memo
 from vramlens.resolve.context import TrainingContext
 from vramlens.resolve.derived import checkpointed_layers
 from vramlens.units import format_bytes
@@ -362,12 +361,6 @@ def _optimizer_temporaries(ctx: TrainingContext, mem: StageMemory) -> None:
     )
 
 
-def _size_free(ctx: TrainingContext, stage: StageView, part: str, fill: Callable[[StageMemory], None]) -> StageEffect:
-    """The effect of ``fill`` (a part that reads neither batch nor sequence length), memoized on the model."""
-    key = SizeFreeInputs(part=part, stage=stage.name, workload=SizeFreeInputs.workload_keys(ctx.workload))
-    return memo(ctx.spec, key, lambda: record_effect(stage, fill))
-
-
 def _static_transients(ctx: TrainingContext, mem: StageMemory) -> None:
     """The short-lived memory that depends on the model and the parallelism only: autocast casts,
     gathered shards, a dequantized weight, the optimizer step's temporaries."""
@@ -380,8 +373,8 @@ def _static_transients(ctx: TrainingContext, mem: StageMemory) -> None:
 def stage_memory(ctx: TrainingContext, stage: StageView, targets: frozenset[str]) -> StageMemory:
     """Every quantity of one pipeline stage (the parts that read neither batch nor sequence length
     memoized on the model: :class:`~vramlens.estimator.memo_keys.SizeFreeInputs`)."""
-    mem = StageMemory(stage=stage)
-    mem.apply(_size_free(ctx, stage, "weights and state", lambda scratch: _weights_and_state(ctx, scratch)))
+    mem, keys = StageMemory(stage=stage), SizeFreeInputs.workload_keys(ctx.workload)
+    mem.apply(size_free_effect(ctx, stage, keys, "weights and state", lambda scratch: _weights_and_state(ctx, scratch)))
     acts = layer_activations(ctx, train_state(ctx, targets), stage.layer_range)
     if ctx.method is Method.FREEZE and not EMBED_NAMES & set(ctx.workload.lora.modules_to_save):
         acts = LayerActivations(
@@ -393,6 +386,6 @@ def stage_memory(ctx: TrainingContext, stage: StageView, targets: frozenset[str]
     _activations(ctx, mem, acts)
     if stage.last:
         logits_terms(ctx, mem, targets)
-    mem.apply(_size_free(ctx, stage, "transients", lambda scratch: _static_transients(ctx, scratch)))
+    mem.apply(size_free_effect(ctx, stage, keys, "transients", lambda scratch: _static_transients(ctx, scratch)))
     _working_sets(ctx, mem, targets)
     return mem

@@ -13,9 +13,12 @@ from vramlens.categories import Category
 from vramlens.estimator.fsdp import Unsharded
 from vramlens.estimator.layout import StageView
 from vramlens.estimator.logits import LogitsMemory
+from vramlens.estimator.memo_keys import SizeFreeInputs
+from vramlens.resolve._memo import memo
+from vramlens.resolve.context import TrainingContext
 from vramlens.result.report import Term
 
-__all__ = ["WHOLE_STEP", "Formula", "StageEffect", "StageMemory", "Summed", "record_effect"]
+__all__ = ["WHOLE_STEP", "Formula", "StageEffect", "StageMemory", "Summed", "record_effect", "size_free_effect"]
 
 Formula = Callable[[], str] | str
 #: When the quantities that do not come and go are alive.
@@ -174,4 +177,14 @@ def record_effect(stage: StageView, fill: Callable[[StageMemory], None]) -> Stag
         assigned=tuple((name, getattr(scratch, name)) for name in changed if name not in _SUMMED),
         formulas=tuple(scratch.formulas.items()),
         notes=tuple(scratch.notes),
+    )
+
+
+def size_free_effect(
+    ctx: TrainingContext, stage: StageView, keys: tuple[object, ...], part: str, fill: Callable[[StageMemory], None]
+) -> StageEffect:
+    """The effect of ``fill``, a part of ``stage``'s quantities that reads neither batch nor sequence
+    length, memoized on the model; ``keys``: :meth:`SizeFreeInputs.workload_keys` of the context's workload."""
+    return memo(
+        ctx.spec, SizeFreeInputs(part=part, stage=stage.name, workload=keys), lambda: record_effect(stage, fill)
     )
