@@ -8,16 +8,23 @@ llm-analysis 0.2.2's ``LLMAnalysis(...).training(...)`` on the same machine in t
 llm-analysis pins ``transformers<5``, so it runs in its own venv
 (``python -m venv llma-venv && llma-venv/bin/pip install llm-analysis==0.2.2``),
 named by ``--llm-analysis-python``; a subprocess there calls it in a loop and prints its rate.
-Both sides run the same sweep of distinct workloads, one per call in turn: batch 1, 2, 4, 8
-x seq 1024, 2048, 4096 (12 workloads), full recomputation, ZeRO-3, bf16, one core. vramlens
+Both sides run the same sweep of distinct workloads, one per call, none repeated in the whole
+run (a planner's capacity search asks about a new batch or length each time): batch 1..8 x
+gradient accumulation 1..4 x seq 512..4096 in steps of 1 (:func:`sweep_points`; llm-analysis
+allows seq up to 4096 and batch 9 there for this model), full recomputation, ZeRO-3, bf16, one
+core. So what is measured is computing estimates, not looking one up: nothing that depends on
+batch or seq can be reused from an earlier call, only what depends on the model, the method and
+the parallelism (memoized on the resolved model, as in a planner). vramlens
 computes ``llama-3-70b`` with LoRA (rank 16, all linear layers) on 8 A100-80GB; llm-analysis
 has no LoRA and refuses a full fine-tune of 70B on 8 GPUs (its states do not fit), so it
 computes the same model shape (``upstage_Llama-2-70b-instruct-v2``) as a full fine-tune over
 32 ranks: the same formulas run whatever the rank count. Cached on vramlens's side: the
 resolved model (as a planner holds it) and the per-model pieces the estimator memoises; each
-call rebuilds the report for its workload (``estimate`` keeps no cache of whole reports).
-llm-analysis builds a new ``LLMAnalysis`` per call from configs loaded once. Rounds alternate
-(llm-analysis, vramlens, ...); medians and the ratio are printed.
+call computes the report for its workload (``estimate`` keeps no cache of whole reports, and no
+workload comes twice). The workloads are built before each timed round (``dataclasses.replace``
+of one loaded workload, as the capacity search does). llm-analysis builds a new ``LLMAnalysis``
+per call from configs loaded once. Rounds alternate (llm-analysis, vramlens, ...); medians and
+the ratio are printed.
 
 Three more measurements of vramlens alone:
 
@@ -33,6 +40,7 @@ resolving a catalog name are timed separately.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import os
 import statistics
@@ -68,10 +76,22 @@ def rate(func: Callable[[int], object], seconds: float) -> float:
     return calls / (time.perf_counter() - start)
 
 
-#: The sweep both sides run, one workload per call in turn.
+#: The sweep of the plain (non-comparing) mode: one workload per call in turn.
 GRID = tuple(itertools.product((1, 2, 4, 8), (1024, 2048, 4096)))
 
-#: llm-analysis's loop (run by the bench-venv interpreter; argv: seconds).
+
+#: Distinct points of the sweep: batch 1..8 x grad_accum 1..4 x seq 512..4096.
+SWEEP_POINTS = 8 * 4 * 3585
+
+
+def sweep_points(start: int, count: int) -> list[tuple[int, int, int]]:
+    """``count`` (batch, grad_accum, seq) points from the ``start``-th of batch 1..8 x grad_accum
+    1..4 x seq 512..4096 (batch fastest, then grad_accum): distinct while ``start + count`` <=
+    :data:`SWEEP_POINTS`."""
+    return [(1 + index % 8, 1 + index // 8 % 4, 512 + index // 32) for index in range(start, start + count)]
+
+
+#: llm-analysis's loop (run by the bench-venv interpreter; argv: seconds, first pair index).
 _LLM_ANALYSIS_LOOP = """
 import itertools, logging, sys, time
 from llm_analysis.analysis import ActivationRecomputation, DSZeRO, LLMAnalysis
@@ -82,14 +102,15 @@ logger.setLevel(logging.CRITICAL)
 model = get_model_config_by_name("upstage_Llama-2-70b-instruct-v2")
 gpu, dtype = get_gpu_config_by_name("a100-sxm-80gb"), get_dtype_config_by_name("w16a16e16")
 parallel = ParallelismConfig(dp_size=32)
-grid = %r
+first = int(sys.argv[2])
 def one(i):
-    batch, seq = grid[i %% len(grid)]
+    index = first + i
+    batch, accumulation, seq = 1 + index % 8, 1 + index // 8 % 4, 512 + index // 32
     return LLMAnalysis(model, gpu, dtype, parallel).training(
-        batch_size_per_gpu=batch, seq_len=seq,
+        batch_size_per_gpu=batch, seq_len=seq, gradient_accumulation_steps=accumulation,
         activation_recomputation=ActivationRecomputation.FULL, ds_zero=DSZeRO.STAGE_3,
     )
-for i in range(len(grid)):
+for i in range(12):
     one(i)
 calls, start = 0, time.perf_counter()
 while time.perf_counter() - start < float(sys.argv[1]):
@@ -100,26 +121,41 @@ print(calls / (time.perf_counter() - start))
 """
 
 
-def llm_analysis_rate(python: str, seconds: float) -> float:
-    """llm-analysis's training estimates per second over the sweep (a subprocess in its venv)."""
+def llm_analysis_rate(python: str, seconds: float, first: int) -> float:
+    """llm-analysis's training estimates per second over the sweep from pair ``first`` (a subprocess in its venv)."""
     done = subprocess.run(
-        [python, "-c", _LLM_ANALYSIS_LOOP % (GRID,), str(seconds)], capture_output=True, text=True, check=True
+        [python, "-c", _LLM_ANALYSIS_LOOP, str(seconds), str(first)], capture_output=True, text=True, check=True
     )
     return float(done.stdout.strip().splitlines()[-1])
+
+
+#: Workloads built for each timed round of vramlens (more than a round computes).
+ROUND_WORKLOADS = 36_000
 
 
 def compare(python: str, seconds: float, rounds: int) -> None:
     """Alternate rounds of llm-analysis and vramlens on the sweep; print the medians and the ratio."""
     spec = load_model("llama-3-70b")
-    workloads = [load_workload({**WORKLOAD, "model": spec, "batch": b, "seq": s, "gpu": "a100-80gb"}) for b, s in GRID]
-    for workload in workloads:
-        estimate(workload)  # the per-model memo is warm, as in a planner's sweep
-    theirs, ours = [], []
-    for _ in range(rounds):
-        theirs.append(llm_analysis_rate(python, seconds))
-        ours.append(rate(lambda i: estimate(workloads[i % len(workloads)]), seconds))
+    base = load_workload({**WORKLOAD, "model": spec, "gpu": "a100-80gb"})
+    for batch, seq in GRID:
+        estimate(dataclasses.replace(base, batch=batch, seq=seq))  # the per-model memo is warm, as in a planner
+    if rounds * ROUND_WORKLOADS > SWEEP_POINTS:
+        raise SystemExit(f"--rounds {rounds}: at most {SWEEP_POINTS // ROUND_WORKLOADS} rounds of distinct workloads")
+    theirs, ours, used = [], [], 0
+    for round_index in range(rounds):
+        first = round_index * ROUND_WORKLOADS
+        theirs.append(llm_analysis_rate(python, seconds, first))
+        points = sweep_points(first, ROUND_WORKLOADS)
+        workloads = [dataclasses.replace(base, batch=b, grad_accum=g, seq=s) for b, g, s in points]
+        ours.append(rate(lambda i, round_workloads=workloads: estimate(round_workloads[i]), seconds))
+        used = max(used, round(ours[-1] * seconds))
+    if used + 200 > ROUND_WORKLOADS:
+        raise SystemExit(f"a round computed ~{used} estimates: raise ROUND_WORKLOADS above it")
     them, us = statistics.median(theirs), statistics.median(ours)
-    print(f"70B ZeRO-3 sweep ({len(GRID)} distinct batch x seq workloads), {rounds} alternating rounds, medians")
+    print(
+        f"70B ZeRO-3 sweep (batch 1..8 x grad_accum 1..4 x seq 512..4096, a new workload every call), "
+        f"{rounds} alternating rounds, medians"
+    )
     print(f"{'llm-analysis 0.2.2 training()':48s} {them:10,.0f} /s   {1e6 / them:8.1f} us each")
     print(f"{'vramlens estimate() (LoRA)':48s} {us:10,.0f} /s   {1e6 / us:8.1f} us each")
     print(f"ratio vramlens / llm-analysis: {us / them:.2f}x (target >= 4x)")

@@ -17,7 +17,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
     for names in (
         "_version _compat _lazy errors",
         "units dtypes categories _extras _files _untrusted",
-        "allocator hardware",
+        "allocator hardware _notes",
         "model",
         "workload",
         "resolve",

@@ -18,12 +18,16 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Final
+from typing import TYPE_CHECKING, BinaryIO, Final
 
 from vramlens.errors import VramlensError
+
+if TYPE_CHECKING:
+    from importlib.abc import Traversable
 
 __all__ = [
     "LIMITS",
@@ -33,6 +37,7 @@ __all__ = [
     "gunzip",
     "inflation_limit",
     "open_regular",
+    "package_data",
     "read_open_file",
     "read_regular",
     "read_small_text",
@@ -190,3 +195,16 @@ def gunzip(data: bytes, *, name: str, limit: int, error: type[VramlensError], ac
             raise error(f"{name}: corrupt gzip file ({exc}){suffix}") from None
         rest = inflater.unused_data.lstrip(b"\x00")  # members may be padded with zero bytes
     return bytes(out)
+
+
+def package_data(package: str) -> Traversable:
+    """The bundled data files of an imported ``package``: its directory on disk, or
+    ``importlib.resources``' view of it when the package is not a directory (inside a zip).
+    ``importlib.resources`` costs a cold command 8 ms of imports (tempfile, shutil, lzma), so it
+    is only imported when the plain directory is not there."""
+    file = getattr(sys.modules[package], "__file__", None)
+    if file is not None and os.path.isdir(directory := os.path.dirname(file)):
+        return Path(directory)
+    from importlib import resources
+
+    return resources.files(package)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from vramlens._compat import StrEnum
 
-__all__ = ["Category", "LEVEL_CATEGORIES", "TORCH_PROFILER_CATEGORIES"]
+__all__ = ["CATEGORY_ORDER", "Category", "LEVEL_CATEGORIES", "TORCH_PROFILER_CATEGORIES"]
 
 
 class Category(StrEnum):
@@ -33,6 +33,11 @@ class Category(StrEnum):
     RUNTIME = "runtime"
     """Outside PyTorch's allocator: CUDA context, cuBLAS/cuDNN workspaces, NCCL buffers (device - reserved)."""
 
+
+#: Category codes of timelines (index into this tuple) and the stacking order of every picture,
+#: bottom first. Fixed order; saved files carry the names, so adding a category later does not
+#: break old files.
+CATEGORY_ORDER: tuple[Category, ...] = tuple(Category)
 
 #: Categories that make up each memory level.
 LEVEL_CATEGORIES = {

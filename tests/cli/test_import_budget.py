@@ -8,7 +8,9 @@ default text output of a training estimate, and then:
   simulator, the planner, the web server, another family's parser ... fails here: make it lazy,
   or add it here and say in the commit why the estimate needs it);
 * none of :data:`FORBIDDEN` may be loaded at all (torch, transformers, matplotlib, the web
-  stack, asyncio, unittest: each costs 50 ms to seconds of start-up and none is needed).
+  stack, asyncio, unittest: each costs 50 ms to seconds of start-up and none is needed; numpy,
+  rich, logging, difflib and importlib.resources cost 2-100 ms each and the piped text output
+  of an estimate needs none of them).
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ ALLOWED = frozenset(
     {
         "vramlens",
         "vramlens._compat",
-        "vramlens._lazy",
         "vramlens._files",
+        "vramlens._lazy",
+        "vramlens._notes",
         "vramlens._untrusted",
         "vramlens._version",
         "vramlens.allocator",
@@ -56,10 +59,12 @@ ALLOWED = frozenset(
         "vramlens.estimator.hook_step",
         "vramlens.estimator.layout",
         "vramlens.estimator.logits",
+        "vramlens.estimator.logits_terms",
         "vramlens.estimator.lora_head",
         "vramlens.estimator.loss_outputs",
         "vramlens.estimator.loss_pattern",
         "vramlens.estimator.margins",
+        "vramlens.estimator.memo_keys",
         "vramlens.estimator.mixers",
         "vramlens.estimator.mixers.deltanet",
         "vramlens.estimator.mixers.mamba",
@@ -74,17 +79,13 @@ ALLOWED = frozenset(
         "vramlens.estimator.reserved",
         "vramlens.estimator.runtime",
         "vramlens.estimator.saved_parts",
+        "vramlens.estimator.stage_memory",
         "vramlens.estimator.step_pattern",
+        "vramlens.estimator.step_phases",
         "vramlens.estimator.step_shape",
+        "vramlens.estimator.training",
         "vramlens.estimator.training_cache",
         "vramlens.estimator.trl_head",
-        "vramlens.estimator.logits_terms",
-        "vramlens.estimator.memo_keys",
-        "vramlens.estimator.stage_memory",
-        "vramlens.estimator.step_phases",
-        "vramlens.workload._range",
-        "vramlens.workload.keys",
-        "vramlens.estimator.training",
         "vramlens.estimator.vision",
         "vramlens.estimator.weight_format",
         "vramlens.hardware",
@@ -107,10 +108,12 @@ ALLOWED = frozenset(
         "vramlens.model.ssm",
         "vramlens.model.vision",
         "vramlens.report",
+        "vramlens.report.blocks",
+        "vramlens.report.console",
         "vramlens.report.palette",
-        "vramlens.report.series",
+        "vramlens.report.points",
         "vramlens.report.serving_text",
-        "vramlens.report.terminal",
+        "vramlens.report.styled",
         "vramlens.report.text",
         "vramlens.report.timeline_layout",
         "vramlens.report.timeline_text",
@@ -125,24 +128,37 @@ ALLOWED = frozenset(
         "vramlens.result",
         "vramlens.result.report",
         "vramlens.result.settings",
-        "vramlens.result.timeline",
         "vramlens.units",
         "vramlens.workload",
+        "vramlens.workload._range",
         "vramlens.workload._strings",
+        "vramlens.workload.keys",
         "vramlens.workload.load",
         "vramlens.workload.options",
         "vramlens.workload.ranges",
         "vramlens.workload.sources",
         "vramlens.workload.sources._formats",
-        "vramlens.workload.sources._mapping",
-        "vramlens.workload.sources._text",
-        "vramlens.workload.sources.shared",
         "vramlens.workload.spec",
         "vramlens.workload.versions",
     }
 )
 #: Top-level packages the estimate must never load.
-FORBIDDEN = ("torch", "transformers", "peft", "matplotlib", "fastapi", "starlette", "uvicorn", "asyncio", "unittest")
+FORBIDDEN = (
+    "torch",
+    "transformers",
+    "peft",
+    "matplotlib",
+    "fastapi",
+    "starlette",
+    "uvicorn",
+    "asyncio",
+    "unittest",
+    "numpy",  # the phase chart is laid out in plain Python (report/points.py, report/timeline_layout.py)
+    "rich",  # piped output is laid out without rich (report/blocks.py); a terminal still loads it for colors
+    "logging",  # notes import it when one is emitted (vramlens/_notes.py)
+    "difflib",  # "did you mean" imports it on a miss
+    "importlib.resources",  # package data read from the package directory (vramlens/_files.py package_data)
+)
 
 _PROBE = """
 import io, json, sys, contextlib

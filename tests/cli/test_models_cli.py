@@ -171,9 +171,9 @@ def test_progress_notes_escape_what_they_quote(capsys: pytest.CaptureFixture[str
     control characters are escaped and its length capped like every line the CLI prints (issue 21)."""
     import logging
 
-    from vramlens.cli.app import _notes_on_stderr
+    from vramlens._notes import notes_on_stderr
 
-    _notes_on_stderr()
+    notes_on_stderr()
     logging.getLogger("vramlens.model.generic").info("reading %s", "/m/\x1b]0;pwned\x07" + "a" * 5000)
     err = capsys.readouterr().err
     assert err.startswith("note: reading /m/\\x1b]0;pwned\\x07") and "\x1b" not in err and "\x07" not in err

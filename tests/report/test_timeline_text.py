@@ -94,13 +94,13 @@ def plain(series: StackedSeries, *, width: int = WIDTH, height: int = 8, ascii_o
 def test_layout_of_a_known_shape() -> None:
     layout = layout_timeline(SHAPE, width=WIDTH, height=8)
     assert (layout.plot_width, layout.label_width, layout.scale_bytes) == (PLOT, 7, 8 * GiB)
-    assert layout.shown.tolist() == [0] * 10 + [1] * 10 + [2] * 10 + [3] * 10  # 10 columns per phase
-    assert layout.levels.tolist() == [16] * 10 + [32] * 10 + [64] * 10 + [24] * 10  # eighths of a row
+    assert list(layout.shown) == [0] * 10 + [1] * 10 + [2] * 10 + [3] * 10  # 10 columns per phase
+    assert list(layout.levels) == [16] * 10 + [32] * 10 + [64] * 10 + [24] * 10  # eighths of a row
     assert layout.peak_column == 25  # the middle of the peak phase's columns 20..29
     assert layout.capacity_row is None
     # Parameters (index 0) fill rows 0-1 of every column, activations (1) the rest.
-    assert layout.cells[:, 25].tolist() == [0, 0, 1, 1, 1, 1, 1, 1]
-    assert layout.cells[:, 0].tolist() == [0, 0, -1, -1, -1, -1, -1, -1]
+    assert [row[25] for row in layout.cells] == [0, 0, 1, 1, 1, 1, 1, 1]
+    assert [row[0] for row in layout.cells] == [0, 0, -1, -1, -1, -1, -1, -1]
 
 
 def test_columns_heights_colors_and_the_peak_marker() -> None:
@@ -166,11 +166,11 @@ def test_a_peak_over_the_capacity_shows_both_and_the_overflow() -> None:
 
 def test_a_timeline_column_shows_the_highest_point_of_its_slice_and_carries_the_state() -> None:
     series = event_series([5 * GiB, 9 * GiB, 3 * GiB, 7 * GiB])  # labels like "9.0 GiB": the plot starts at 9
-    assert layout_timeline(series, width=9 + 2, height=4).shown.tolist() == [1, 3]  # 2 events per column
-    assert layout_timeline(series, width=9 + 8, height=4).shown.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert list(layout_timeline(series, width=9 + 2, height=4).shown) == [1, 3]  # 2 events per column
+    assert list(layout_timeline(series, width=9 + 8, height=4).shown) == [0, 0, 1, 1, 2, 2, 3, 3]
     sparse = event_series([4 * GiB, 8 * GiB], x=[0.0, 10.0], unit="ms")  # nothing between 0 and 10 ms
     layout = layout_timeline(sparse, width=9 + 10, height=4)
-    assert layout.plot_width == 10 and layout.shown.tolist() == [0] * 9 + [1]
+    assert layout.plot_width == 10 and list(layout.shown) == [0] * 9 + [1]
     text = "\n".join(plain(sparse, width=40))
     assert "0 ms" in text and "memory over time" in text
 

@@ -8,16 +8,15 @@ No traceback is shown for anything a user can cause.
 from __future__ import annotations
 
 import importlib
-import logging
 import os
 import sys
 
 import click
 
-from vramlens._untrusted import abridge, terminal_text
+from vramlens._notes import notes_on_stderr
 from vramlens._version import __version__
 from vramlens.cli._output import echo
-from vramlens.errors import MAX_MESSAGE_CHARS, VramlensError
+from vramlens.errors import VramlensError
 
 __all__ = ["cli", "main"]
 
@@ -64,30 +63,9 @@ def cli() -> None:
     """How much GPU memory training and inference of a model take, and why."""
 
 
-class _StderrNotes(logging.Handler):
-    """Writes a record as ``note: ...`` to whatever ``sys.stderr`` is when it is emitted; the
-    note may quote a file's path or a config's strings, so it is abridged and its control
-    characters escaped, as every line the CLI prints."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            sys.stderr.write(f"note: {terminal_text(abridge(record.getMessage(), MAX_MESSAGE_CHARS))}\n")
-        except Exception:
-            self.handleError(record)
-
-
-def _notes_on_stderr() -> None:
-    """The library's progress notes (``logging`` INFO of the ``vramlens`` logger: a model read
-    from its code, a layer recipe traced) go to stderr, so stdout stays the answer."""
-    logger = logging.getLogger("vramlens")
-    if not any(isinstance(handler, _StderrNotes) for handler in logger.handlers):
-        logger.addHandler(_StderrNotes())
-        logger.setLevel(logging.INFO)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit status (the console-script entry point)."""
-    _notes_on_stderr()
+    notes_on_stderr()
     try:
         cli.main(args=argv, prog_name="vramlens", standalone_mode=False)
     except VramlensError as exc:

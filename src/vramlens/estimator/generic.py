@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import importlib
 import json
-import logging
 from typing import Any
 
+from vramlens._notes import note
 from vramlens.errors import InputError
 from vramlens.estimator.layout import (
     EMBED_NAMES,
@@ -52,7 +52,6 @@ __all__ = [
     "training_recipe",
 ]
 
-_LOG = logging.getLogger(__name__)
 _FIRST_STAGE = (Component.EMBEDDING, Component.POSITION_EMBEDDING, Component.VISION, Component.PROJECTOR)
 
 
@@ -251,7 +250,8 @@ def _recipe(spec: ModelSpec, signature: dict[str, Any], lengths: dict[str, int],
     recipe = _stored(stored.get(key)) or _interpolating(stored, signature, lengths)
     if recipe is None:
         require_code_reading(f"{spec.name}: tracing its layer recipe for this setting")
-        _LOG.info(
+        note(
+            __name__,
             "tracing the layer recipe of %s from transformers' code for this setting (once; cached in %s)",
             spec.name,
             file.path.parent,

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from vramlens.resolve.context import TrainingContext
 from vramlens.resolve.kbit import kbit_prepared
 from vramlens.workload.options import Method, Quant
+from vramlens.workload.spec import Workload
 
-__all__ = ["LayoutInputs"]
+__all__ = ["SIZE_KEYS", "LayoutInputs", "SizeFreeInputs"]
+
+#: The workload keys a planner varies from one estimate to the next (and the model, which the
+#: memo is held by, and the GPU, which an estimate only compares with).
+SIZE_KEYS = frozenset({"model", "gpu", "batch", "seq"})
+_SIZE_FREE_KEYS = tuple(f.name for f in fields(Workload) if f.name not in SIZE_KEYS)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -42,3 +48,19 @@ class LayoutInputs:
             master_bytes=ctx.master_bytes, compute_bytes=ctx.compute_bytes, adapters_fp32=ctx.profile.adapters_fp32,
             tp=parallel.tp, pp=parallel.pp, ep=parallel.ep, kbit_prepared=kbit_prepared(workload, ctx.profile),
         )  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SizeFreeInputs:
+    """The memo key of a part of a training estimate that reads neither batch nor sequence length
+    (nor tokens): the part's name, the pipeline stage and every other workload key, in the order of
+    :class:`~vramlens.workload.spec.Workload`'s fields (so a key added to the workload is in it)."""
+
+    part: str
+    stage: str
+    workload: tuple[object, ...]
+
+    @staticmethod
+    def workload_keys(workload: Workload) -> tuple[object, ...]:
+        """Every workload key but :data:`SIZE_KEYS`."""
+        return tuple(getattr(workload, name) for name in _SIZE_FREE_KEYS)

@@ -14,12 +14,13 @@ from vramlens.estimator.fsdp import Unsharded, fsdp_memory
 from vramlens.estimator.hook_step import hook_step
 from vramlens.estimator.layout import EMBED_NAMES, StageView, effective_quant, micro_batches_in_flight
 from vramlens.estimator.logits_terms import logits_terms
+from vramlens.estimator.memo_keys import SizeFreeInputs
 from vramlens.estimator.offload import gradient_buffers
 from vramlens.estimator.optimizers import OptimizerModel, optimizer_model
 from vramlens.estimator.qlora import dequantized_bytes
 from vramlens.estimator.recompute import LayerActivations, eager_attention_working, layer_activations, train_state
 from vramlens.estimator.ring_attention import ring_backward_bytes
-from vramlens.estimator.stage_memory import WHOLE_STEP, Formula, StageMemory, Summed
+from vramlens.estimator.stage_memory import WHOLE_STEP, Formula, StageMemory, Summed, size_free_effect
 from vramlens.estimator.trl_head import head_input_per_token
 from vramlens.model.modules import layer_linears
 from vramlens.resolve.context import TrainingContext
@@ -185,8 +186,8 @@ def _activations(ctx: TrainingContext, mem: StageMemory, acts: LayerActivations)
         mem.notes.append("pp_schedule interleaved-1f1b: two model chunks per rank assumed")
 
 
-def _transients(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str]) -> None:
-    """Short-lived memory: autocast casts, gathered shards, dequantized weights, backward working set."""
+def _casts(ctx: TrainingContext, mem: StageMemory) -> None:
+    """Autocast weight copies (full fine-tuning of fp32 weights under autocast)."""
     stage, a, spec = mem.stage, ctx.compute_bytes, ctx.spec
     if ctx.autocast and ctx.full:
         linear = stage.trainable_elements - stage.layers * spec.norms_per_layer * spec.hidden_size
@@ -200,9 +201,6 @@ def _transients(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str])
         )
         mem.casts_backward_bytes = _casts_in_backward(ctx, mem.casts_bytes, stage.layers)
         mem.formulas["casts_backward_bytes"] = _casts_backward_formula(ctx, stage.layers)
-    _unsharded(ctx, mem)
-    _dequantized(ctx, mem)
-    _working_sets(ctx, mem, targets)
 
 
 def _unsharded(ctx: TrainingContext, mem: StageMemory) -> None:
@@ -369,10 +367,20 @@ def _optimizer_temporaries(ctx: TrainingContext, mem: StageMemory) -> None:
     )
 
 
+def _static_transients(ctx: TrainingContext, mem: StageMemory) -> None:
+    """The short-lived memory that depends on the model and the parallelism only: autocast casts,
+    gathered shards, a dequantized weight, the optimizer step's temporaries."""
+    _casts(ctx, mem)
+    _unsharded(ctx, mem)
+    _dequantized(ctx, mem)
+    _optimizer_temporaries(ctx, mem)
+
+
 def stage_memory(ctx: TrainingContext, stage: StageView, targets: frozenset[str]) -> StageMemory:
-    """Every quantity of one pipeline stage."""
-    mem = StageMemory(stage=stage)
-    _weights_and_state(ctx, mem)
+    """Every quantity of one pipeline stage (the parts that read neither batch nor sequence length
+    memoized on the model: :class:`~vramlens.estimator.memo_keys.SizeFreeInputs`)."""
+    mem, keys = StageMemory(stage=stage), SizeFreeInputs.workload_keys(ctx.workload)
+    mem.apply(size_free_effect(ctx, stage, keys, "weights and state", lambda scratch: _weights_and_state(ctx, scratch)))
     acts = layer_activations(ctx, train_state(ctx, targets), stage.layer_range)
     if ctx.method is Method.FREEZE and not EMBED_NAMES & set(ctx.workload.lora.modules_to_save):
         acts = LayerActivations(
@@ -384,6 +392,6 @@ def stage_memory(ctx: TrainingContext, stage: StageView, targets: frozenset[str]
     _activations(ctx, mem, acts)
     if stage.last:
         logits_terms(ctx, mem, targets)
-    _transients(ctx, mem, targets)
-    _optimizer_temporaries(ctx, mem)
+    mem.apply(size_free_effect(ctx, stage, keys, "transients", lambda scratch: _static_transients(ctx, scratch)))
+    _working_sets(ctx, mem, targets)
     return mem

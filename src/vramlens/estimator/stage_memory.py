@@ -6,16 +6,19 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass, field, fields
+from typing import Literal, get_args
 
 from vramlens.categories import Category
 from vramlens.estimator.fsdp import Unsharded
 from vramlens.estimator.layout import StageView
 from vramlens.estimator.logits import LogitsMemory
+from vramlens.estimator.memo_keys import SizeFreeInputs
+from vramlens.resolve._memo import memo
+from vramlens.resolve.context import TrainingContext
 from vramlens.result.report import Term
 
-__all__ = ["WHOLE_STEP", "Formula", "StageMemory", "Summed"]
+__all__ = ["WHOLE_STEP", "Formula", "StageEffect", "StageMemory", "Summed", "record_effect", "size_free_effect"]
 
 Formula = Callable[[], str] | str
 #: When the quantities that do not come and go are alive.
@@ -132,3 +135,61 @@ class StageMemory:
     def terms_of(self, quantity: Summed) -> tuple[Term, ...]:
         """The terms ``quantity`` is the sum of."""
         return tuple(self.parts.get(quantity, ()))
+
+    def apply(self, effect: StageEffect) -> None:
+        """Do again what :func:`record_effect` recorded: as if its filling ran on this memory now."""
+        self.terms.extend(effect.terms)
+        for key, terms in effect.parts:
+            self.parts.setdefault(key, []).extend(terms)
+        for name, amount in effect.added:
+            setattr(self, name, getattr(self, name) + amount)
+        for name, value in effect.assigned:
+            setattr(self, name, value)
+        self.formulas.update(effect.formulas)
+        self.notes.extend(effect.notes)
+
+
+_SUMMED = frozenset(get_args(Summed))
+_LISTS = frozenset({"stage", "terms", "parts", "formulas", "notes"})
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StageEffect:
+    """What filling some quantities did to a :class:`StageMemory`, to do again on another one
+    (:meth:`StageMemory.apply`): the terms added (and which quantity each went into), the sums'
+    increments, the other quantities' values, formulas and notes. The estimator memoizes the
+    effect of the parts that read neither batch nor sequence length (weights, optimizer state,
+    gradients, gathered shards, step temporaries) on the resolved model."""
+
+    terms: tuple[Term, ...]
+    parts: tuple[tuple[str, tuple[Term, ...]], ...]
+    added: tuple[tuple[str, int], ...]
+    assigned: tuple[tuple[str, object], ...]
+    formulas: tuple[tuple[str, Formula], ...]
+    notes: tuple[str, ...]
+
+
+def record_effect(stage: StageView, fill: Callable[[StageMemory], None]) -> StageEffect:
+    """The effect of ``fill`` on an empty :class:`StageMemory` of ``stage``."""
+    scratch, empty = StageMemory(stage=stage), StageMemory(stage=stage)
+    fill(scratch)
+    changed = [f.name for f in fields(StageMemory) if f.name not in _LISTS]
+    changed = [name for name in changed if getattr(scratch, name) != getattr(empty, name)]
+    return StageEffect(
+        terms=tuple(scratch.terms),
+        parts=tuple((key, tuple(terms)) for key, terms in scratch.parts.items()),
+        added=tuple((name, getattr(scratch, name)) for name in changed if name in _SUMMED),
+        assigned=tuple((name, getattr(scratch, name)) for name in changed if name not in _SUMMED),
+        formulas=tuple(scratch.formulas.items()),
+        notes=tuple(scratch.notes),
+    )
+
+
+def size_free_effect(
+    ctx: TrainingContext, stage: StageView, keys: tuple[object, ...], part: str, fill: Callable[[StageMemory], None]
+) -> StageEffect:
+    """The effect of ``fill``, a part of ``stage``'s quantities that reads neither batch nor sequence
+    length, memoized on the model; ``keys``: :meth:`SizeFreeInputs.workload_keys` of the context's workload."""
+    return memo(
+        ctx.spec, SizeFreeInputs(part=part, stage=stage.name, workload=keys), lambda: record_effect(stage, fill)
+    )

@@ -30,11 +30,12 @@ from vramlens.estimator.step_phases import training_phases
 from vramlens.estimator.vision import vision_notes
 from vramlens.hardware import GpuSpec
 from vramlens.model.spec import ModelSpec
+from vramlens.resolve._memo import memo
 from vramlens.resolve.context import TrainingContext, resolve_training
 from vramlens.result.report import MemoryReport, PhaseMemory, SafeLevels, Term
 from vramlens.units import format_bytes
 from vramlens.workload.options import Shard
-from vramlens.workload.spec import Workload
+from vramlens.workload.spec import Parallelism, Workload
 from vramlens.workload.versions import older_than, rule_note
 
 __all__ = ["estimate_training"]
@@ -58,16 +59,18 @@ def _levels(ctx: TrainingContext, mem: StageMemory, peak: PhaseMemory, targets: 
     workload = ctx.workload
     slack = training_slack(ctx, mem, targets, allocator_settings(workload.alloc_conf))
     eager = older_than(workload.versions, "lazy_module_loading")
-    runtime = runtime_parts(workload.parallel, paged_bytes=mem.paged_states_bytes, eager_modules=eager)
+    key = RuntimeInputs(parallel=workload.parallel, paged_bytes=mem.paged_states_bytes, eager_modules=eager)
+    outside = memo(ctx.spec, key, lambda: _runtime(key))
+    runtime = dict(outside.parts)
     reserved = peak.allocated_bytes + slack.total_bytes
-    device = reserved + sum(runtime.values())
+    device = reserved + outside.total_bytes
     safe = safe_levels(
         allocated=peak.allocated_bytes,
         reserved=reserved,
         device=device,
         breakdown=peak.breakdown,
         allocator_spread=slack.spread_bytes,
-        runtime_spread=runtime_spread(runtime, len(communicators(workload.parallel))),
+        runtime_spread=outside.spread_bytes,
         sharded=workload.parallel.shard in (Shard.FSDP, Shard.HSDP, Shard.ZERO3),
     )
     note = _reserved_note(slack, workload.alloc_conf)
@@ -80,7 +83,35 @@ def _levels(ctx: TrainingContext, mem: StageMemory, peak: PhaseMemory, targets: 
         safe=safe,
         note=note,
         allocator_terms=_slack_terms(slack, mem, workload.alloc_conf),
-        runtime_terms=runtime_terms(runtime, workload.parallel, eager_modules=eager),
+        runtime_terms=outside.terms,
+    )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RuntimeInputs:
+    """What the device level's runtime parts read: their memo key."""
+
+    parallel: Parallelism
+    paged_bytes: int
+    eager_modules: bool
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Runtime:
+    parts: tuple[tuple[str, int], ...]
+    total_bytes: int
+    spread_bytes: int
+    terms: tuple[Term, ...]
+
+
+def _runtime(key: RuntimeInputs) -> _Runtime:
+    """Memory outside the allocator (:func:`runtime_parts`), its margin and its terms."""
+    runtime = runtime_parts(key.parallel, paged_bytes=key.paged_bytes, eager_modules=key.eager_modules)
+    return _Runtime(
+        parts=tuple(runtime.items()),
+        total_bytes=sum(runtime.values()),
+        spread_bytes=runtime_spread(runtime, len(communicators(key.parallel))),
+        terms=runtime_terms(runtime, key.parallel, eager_modules=key.eager_modules),
     )
 
 

@@ -15,14 +15,13 @@ marketing size is known, that, and the GPU's ``capacity_basis`` says which.
 
 from __future__ import annotations
 
-import difflib
 import json
 import re
 from dataclasses import dataclass, field
 from functools import cache
-from importlib import resources
 from typing import Any
 
+from vramlens._files import package_data
 from vramlens.errors import InputError
 from vramlens.units import MiB, parse_size
 
@@ -88,7 +87,7 @@ def _from_json(raw: dict[str, Any]) -> GpuSpec:
 @cache
 def gpu_table() -> tuple[GpuSpec, ...]:
     """Every GPU in the bundled table."""
-    text = resources.files(__name__).joinpath("gpus.json").read_text(encoding="utf-8")
+    text = package_data(__name__).joinpath("gpus.json").read_text(encoding="utf-8")
     return tuple(_from_json(raw) for raw in json.loads(text))
 
 
@@ -175,6 +174,8 @@ def resolve_gpu(value: str, *, field_name: str = "gpu") -> GpuSpec:
 def _hint(value: str) -> str:
     """ "did you mean" for a close name, and the cards with the memory a name states ("A100-PCIE-40GB")."""
     key = normalize_gpu_name(value)
+    import difflib  # on a miss only (2 ms of a cold start)
+
     close = difflib.get_close_matches(key, list(_index()), n=1)
     hint = f" (did you mean {_index()[close[0]].name!r}?)" if close else ""
     size = _SIZE_IN_NAME.search(value)

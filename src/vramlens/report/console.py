@@ -6,8 +6,10 @@ from __future__ import annotations
 import sys
 import textwrap
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-from rich.console import Console
+if TYPE_CHECKING:
+    from rich.console import Console
 
 __all__ = ["PIPED_WIDTH", "fit_lines", "output_console", "output_width"]
 

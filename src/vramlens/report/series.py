@@ -25,9 +25,10 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from vramlens.categories import Category
+from vramlens.categories import CATEGORY_ORDER, Category
+from vramlens.report.points import SeriesPoints, estimate_points, phase_points
 from vramlens.result.report import MemoryReport
-from vramlens.result.timeline import CATEGORY_ORDER, Timeline
+from vramlens.result.timeline import Timeline
 
 __all__ = ["StackedSeries", "phase_series", "report_series", "timeline_series"]
 
@@ -68,6 +69,22 @@ class StackedSeries:
     def peak_x(self) -> float:
         """Position of the peak (nan when there are no points)."""
         return float(self.x[self.peak_index]) if self.peak_index >= 0 else float("nan")
+
+    def points(self) -> SeriesPoints:
+        """The same points as plain tuples (what the terminal picture lays out)."""
+        return SeriesPoints(
+            x=tuple(float(value) for value in self.x.tolist()),
+            x_unit=self.x_unit,
+            categories=self.categories,
+            values=tuple(tuple(int(value) for value in row) for row in self.values.tolist()),
+            total=tuple(int(value) for value in self.total.tolist()),
+            phases=self.phases,
+            peak_index=self.peak_index,
+            peak_bytes=self.peak_bytes,
+            capacity_bytes=self.capacity_bytes,
+            level=self.level,
+            events=self.events,
+        )
 
 
 def report_series(report: MemoryReport, *, max_points: int = DEFAULT_POINTS) -> StackedSeries:
@@ -160,15 +177,7 @@ def _timeline_phases(
 
 def _phase_series(report: MemoryReport) -> StackedSeries:
     """An estimate over its phases: one point per phase at its high point."""
-    phases = report.phases
-    peak = next((i for i, phase in enumerate(phases) if phase.name == report.peak_phase), -1)
-    return phase_series(
-        [phase.name for phase in phases],
-        [phase.breakdown for phase in phases],
-        peak=peak,
-        capacity_bytes=report.capacity_bytes,
-        level="allocated",
-    )
+    return _of_points(estimate_points(report))
 
 
 def phase_series(
@@ -181,24 +190,25 @@ def phase_series(
 ) -> StackedSeries:
     """One point per phase (``names``), stacked by the categories of ``stacks`` (bytes per
     category, one mapping per phase) in :data:`CATEGORY_ORDER`; ``peak`` is the peak phase's
-    index (-1: none) and ``level`` the memory level the stacks are at."""
-    present = {category for stack in stacks for category, value in stack.items() if value > 0}
-    categories = tuple(category for category in CATEGORY_ORDER if category in present)
-    values = np.array(
-        [[int(stack.get(category, 0)) for stack in stacks] for category in categories], dtype=np.int64
-    ).reshape(len(categories), len(stacks))
-    total = values.sum(axis=0).astype(np.int64) if len(categories) else np.zeros(len(stacks), dtype=np.int64)
+    index (-1: none) and ``level`` the memory level the stacks are at
+    (:func:`vramlens.report.points.phase_points`, as arrays)."""
+    return _of_points(phase_points(names, stacks, peak=peak, capacity_bytes=capacity_bytes, level=level))
+
+
+def _of_points(points: SeriesPoints) -> StackedSeries:
+    """The series of plain phase points (one point per phase)."""
+    count = len(points.x)
     return StackedSeries(
-        x=np.arange(len(stacks), dtype=np.float64),
-        x_unit="phase",
-        categories=categories,
-        values=values,
-        total=total,
-        phases=tuple((name, float(i), float(i)) for i, name in enumerate(names)),
-        peak_index=peak,
-        peak_bytes=int(total[peak]) if peak >= 0 else 0,
-        capacity_bytes=capacity_bytes,
-        level=level,
-        events=len(stacks),
-        source_index=np.arange(len(stacks), dtype=np.int64),
+        x=np.array(points.x, dtype=np.float64).reshape(count),
+        x_unit=points.x_unit,
+        categories=points.categories,
+        values=np.array(points.values, dtype=np.int64).reshape(len(points.categories), count),
+        total=np.array(points.total, dtype=np.int64).reshape(count),
+        phases=points.phases,
+        peak_index=points.peak_index,
+        peak_bytes=points.peak_bytes,
+        capacity_bytes=points.capacity_bytes,
+        level=points.level,
+        events=points.events,
+        source_index=np.arange(count, dtype=np.int64),
     )

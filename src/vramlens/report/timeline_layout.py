@@ -1,4 +1,4 @@
-"""Where the terminal timeline's cells go (numpy; drawn by :mod:`vramlens.report.timeline_text`).
+"""Where the terminal timeline's cells go (plain Python; drawn by :mod:`vramlens.report.timeline_text`).
 
 Columns are equal slices of the x range; each shows the point of its slice with the highest
 total (the peak column is exact), or, when no point falls in it, the last point before it
@@ -7,19 +7,21 @@ estimate's phases get equal runs of columns; milliseconds run from the first poi
 last. Rows are equal steps of ``scale / height`` bytes, where the scale is the larger of the
 peak and the GPU capacity (a capacity over :data:`CAPACITY_OFF_SCALE` times the peak is
 left off, or the run would be one row high); heights are counted in ``steps`` sub-rows per row (8 for the
-Unicode eighth blocks, 1 in ASCII).
+Unicode eighth blocks, 1 in ASCII). The picture is at most a few hundred columns of a few
+thousand points, so it is laid out without numpy (which an estimate's text output never loads).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import numpy as np
-import numpy.typing as npt
-
-from vramlens.report.series import StackedSeries
+from vramlens.report.points import SeriesPoints
 from vramlens.units import format_bytes
+
+if TYPE_CHECKING:
+    from vramlens.report.series import StackedSeries
 
 __all__ = ["CAPACITY_OFF_SCALE", "DEFAULT_HEIGHT", "TimelineLayout", "axis_label", "layout_timeline"]
 
@@ -35,7 +37,7 @@ class TimelineLayout:
     """Where everything goes (computed by :func:`layout_timeline`; drawn by
     :func:`vramlens.report.timeline_text.render_timeline`)."""
 
-    series: StackedSeries
+    series: SeriesPoints
     plot_width: int
     """Columns of the plot area (the picture is ``label_width + 2`` wider)."""
     height: int
@@ -43,16 +45,16 @@ class TimelineLayout:
     scale_bytes: int
     """Bytes at the top of the plot: the larger of the peak and the capacity (unless the
     capacity is off the scale)."""
-    shown: npt.NDArray[np.int64]
+    shown: tuple[int, ...]
     """For each column, the index (into the series) of the point it shows."""
-    point_column: npt.NDArray[np.int64]
+    point_column: tuple[int, ...]
     """For each point of the series, its column."""
-    levels: npt.NDArray[np.int64]
+    levels: tuple[int, ...]
     """Height of each column in sub-rows (``steps`` per row)."""
     steps: int
     """Sub-rows per row: 8 with Unicode eighth blocks, 1 in ASCII."""
-    cells: npt.NDArray[np.int64]
-    """Category (index into ``series.categories``) of each cell, ``(height, plot_width)``,
+    cells: tuple[tuple[int, ...], ...]
+    """Category (index into ``series.categories``) of each cell, ``cells[row][column]``,
     row 0 at the bottom; -1 for an empty cell."""
     capacity_row: int | None
     """Row (0 at the bottom) the capacity line is drawn on: the one whose top edge is the
@@ -65,28 +67,28 @@ class TimelineLayout:
 
 
 def layout_timeline(
-    series: StackedSeries, *, width: int, height: int = DEFAULT_HEIGHT, ascii_only: bool = False
+    series: SeriesPoints | StackedSeries, *, width: int, height: int = DEFAULT_HEIGHT, ascii_only: bool = False
 ) -> TimelineLayout:
     """Lay ``series`` out in ``width`` terminal cells and ``height`` rows (both >= 1)."""
     if width < 1 or height < 1:
         raise ValueError(f"width, height: {width}, {height}; must be at least 1")
-    capacity = series.capacity_bytes
-    if capacity is not None and capacity > CAPACITY_OFF_SCALE * max(series.peak_bytes, 1):
+    points = series if isinstance(series, SeriesPoints) else series.points()
+    capacity = points.capacity_bytes
+    if capacity is not None and capacity > CAPACITY_OFF_SCALE * max(points.peak_bytes, 1):
         capacity = None
-    scale = max(series.peak_bytes, capacity or 0, 1)
+    scale = max(points.peak_bytes, capacity or 0, 1)
     capacity_row = None
     if capacity is not None:
         capacity_row = min(max(math.ceil(capacity / scale * height) - 1, 0), height - 1)
     labels = _labels(scale, height, capacity_row, capacity)
     label_width = max(len(axis_label(value)) for value in (*labels.values(), 0))
     plot_width = max(width - label_width - 2, 1)
-    shown, point_column = _columns(series, plot_width)
+    shown, point_column = _columns(points, plot_width)
     steps = 1 if ascii_only else 8
-    totals = series.total[shown].astype(np.float64) if len(series.x) else np.zeros(plot_width)
-    levels = np.rint(totals / scale * height * steps).astype(np.int64)
-    levels = np.where((totals > 0) & (levels == 0), 1, levels)
+    totals = [float(points.total[index]) for index in shown] if points.x else [0.0] * plot_width
+    levels = tuple(_level(total, scale, height, steps) for total in totals)
     return TimelineLayout(
-        series=series,
+        series=points,
         plot_width=plot_width,
         height=height,
         label_width=label_width,
@@ -95,11 +97,18 @@ def layout_timeline(
         point_column=point_column,
         levels=levels,
         steps=steps,
-        cells=_cells(series, shown, levels, steps=steps, height=height, scale=scale),
+        cells=_cells(points, shown, levels, steps=steps, height=height, scale=scale),
         capacity_row=capacity_row,
-        peak_column=_peak_column(series, shown, point_column),
+        peak_column=_peak_column(points, shown, point_column),
         labels=labels,
     )
+
+
+def _level(total: float, scale: int, height: int, steps: int) -> int:
+    """A column's height in sub-rows, rounded half to even (as ``numpy.rint``); a column with
+    any bytes is at least one sub-row high."""
+    level = round(total / scale * height * steps)
+    return 1 if total > 0 and level == 0 else level
 
 
 def axis_label(value: int) -> str:
@@ -119,67 +128,87 @@ def _labels(scale: int, height: int, capacity_row: int | None, capacity: int | N
     return labels
 
 
-def _positions(series: StackedSeries) -> tuple[npt.NDArray[np.float64], float, float]:
+def _positions(series: SeriesPoints) -> tuple[tuple[float, ...], float, float]:
     """Each point's position and the x range ``[lo, hi)`` the columns split: phases and
     events get one unit each; milliseconds run from the first to the last point."""
-    n = len(series.x)
+    x = series.x
     if series.x_unit != "ms":
-        return series.x, float(series.x[0]), float(series.x[-1]) + 1.0
-    if series.x[-1] <= series.x[0]:
-        return np.arange(n, dtype=np.float64), 0.0, float(n)
-    return series.x, float(series.x[0]), float(series.x[-1])
+        return x, x[0], x[-1] + 1.0
+    if x[-1] <= x[0]:
+        return tuple(float(i) for i in range(len(x))), 0.0, float(len(x))
+    return x, x[0], x[-1]
 
 
-def _columns(series: StackedSeries, width: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+def _columns(series: SeriesPoints, width: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The point each column shows (its slice's highest, else the last point before it) and
     each point's column."""
-    if not len(series.x):
-        return np.full(width, -1, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    if not series.x:
+        return (-1,) * width, ()
     pos, lo, hi = _positions(series)
-    column = np.clip(np.floor((pos - lo) / (hi - lo) * width), 0, width - 1).astype(np.int64)
-    starts = np.flatnonzero(np.r_[True, column[1:] != column[:-1]])
-    ends = np.r_[starts[1:], len(column)]
-    shown = np.full(width, -1, dtype=np.int64)
-    last = np.full(width, -1, dtype=np.int64)
-    for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
-        shown[column[start]] = start + int(np.argmax(series.total[start:end]))
-        last[column[start]] = end - 1
-    carried = np.maximum.accumulate(last)
-    return np.where(shown >= 0, shown, carried), column
+    column = tuple(min(max(math.floor((p - lo) / (hi - lo) * width), 0), width - 1) for p in pos)
+    shown, last = [-1] * width, [-1] * width
+    start, total = 0, series.total
+    for end in range(1, len(column) + 1):
+        if end == len(column) or column[end] != column[start]:
+            run = total[start:end]
+            shown[column[start]] = start + run.index(max(run))
+            last[column[start]] = end - 1
+            start = end
+    carried = -1
+    for index in range(width):
+        carried = max(carried, last[index])
+        if shown[index] < 0:
+            shown[index] = carried
+    return tuple(shown), column
 
 
 def _cells(
-    series: StackedSeries,
-    shown: npt.NDArray[np.int64],
-    levels: npt.NDArray[np.int64],
+    series: SeriesPoints,
+    shown: tuple[int, ...],
+    levels: tuple[int, ...],
     *,
     steps: int,
     height: int,
     scale: int,
-) -> npt.NDArray[np.int64]:
+) -> tuple[tuple[int, ...], ...]:
     """The category of each filled cell: the one with the most bytes inside the cell (the
     topmost category when rounding made the column a little taller than its bytes)."""
-    cells = np.full((height, len(shown)), -1, dtype=np.int64)
-    if not len(series.categories) or not len(series.x):
-        return cells
-    values = series.values[:, shown].astype(np.float64)
-    upper = np.cumsum(values, axis=0)
-    lower = upper - values
+    if not series.categories or not series.x:
+        return tuple((-1,) * len(shown) for _ in range(height))
     row_bytes = scale / height
-    top = len(series.categories) - 1 - np.argmax((values > 0)[::-1], axis=0)
+    by_point = {index: _column_cells(series, index, row_bytes, height) for index in set(shown)}
+    columns = [by_point[index] for index in shown]
+    return tuple(
+        tuple(column[row] if level > row * steps else -1 for column, level in zip(columns, levels, strict=True))
+        for row in range(height)
+    )
+
+
+def _column_cells(series: SeriesPoints, index: int, row_bytes: float, height: int) -> list[int]:
+    """For each row, the category covering most of its bytes in the column showing point
+    ``index`` (the topmost category with bytes when no category reaches into the row)."""
+    values = [float(row[index]) for row in series.values]
+    upper, below = [], 0.0
+    for value in values:
+        below += value
+        upper.append(below)
+    lower = [top - value for top, value in zip(upper, values, strict=True)]
+    top = next((k for k in range(len(values) - 1, -1, -1) if values[k] > 0), len(values) - 1)
+    cells = []
     for row in range(height):
-        overlap = np.clip(np.minimum(upper, (row + 1) * row_bytes) - np.maximum(lower, row * row_bytes), 0, None)
-        best = np.where(overlap.max(axis=0) > 0, np.argmax(overlap, axis=0), top)
-        cells[row] = np.where(levels > row * steps, best, -1)
+        floor, ceiling = row * row_bytes, (row + 1) * row_bytes
+        overlap = [max(min(u, ceiling) - max(d, floor), 0.0) for u, d in zip(upper, lower, strict=True)]
+        most = max(overlap)
+        cells.append(overlap.index(most) if most > 0 else top)
     return cells
 
 
-def _peak_column(series: StackedSeries, shown: npt.NDArray[np.int64], point_column: npt.NDArray[np.int64]) -> int:
+def _peak_column(series: SeriesPoints, shown: tuple[int, ...], point_column: tuple[int, ...]) -> int:
     """The column under which the peak marker goes: the peak point's column, or for an
     estimate the middle of the peak phase's columns."""
     if series.peak_index < 0:
         return -1
     if series.x_unit == "phase":
-        columns = np.flatnonzero(shown == series.peak_index)
-        return int(columns[len(columns) // 2])
-    return int(point_column[series.peak_index])
+        columns = [column for column, index in enumerate(shown) if index == series.peak_index]
+        return columns[len(columns) // 2]
+    return point_column[series.peak_index]

@@ -1,4 +1,4 @@
-"""The terminal picture of a report: a stacked timeline of live bytes by category (rich).
+"""The terminal picture of a report: a stacked timeline of live bytes by category.
 
 Drawn from :func:`~vramlens.report.series.report_series`, so it shows what the plots and
 the HTML report show:
@@ -27,33 +27,40 @@ palette letters, heights are whole rows, and the frame uses ``| + - = ^``. The s
 automatically when the console cannot show the block characters: its encoding cannot encode
 them (``LANG=C``, ``PYTHONIOENCODING=ascii``, a cp1252 pipe) or it is a legacy Windows
 console (:func:`needs_ascii`). Breakdown bars (:class:`Bar`) follow the same rule.
+
+The picture is drawn in :class:`~vramlens.report.styled.StyledLine` lines (no rich): printed
+without colors they are plain text; :class:`TerminalTimeline` hands them to rich as ``Text``.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass
-
-import numpy as np
-from rich.box import Box
-from rich.cells import cell_len
-from rich.console import Console, ConsoleOptions, RenderResult
-from rich.measure import Measurement
-from rich.style import Style
-from rich.text import Text
+from functools import cache
+from typing import TYPE_CHECKING
 
 from vramlens.report.palette import Swatch, swatch
-from vramlens.report.series import StackedSeries, report_series
+from vramlens.report.points import SeriesPoints, report_points
+from vramlens.report.styled import UNICODE_GLYPHS, StyledLine, encoding_needs_ascii
 from vramlens.report.timeline_layout import DEFAULT_HEIGHT, TimelineLayout, axis_label, layout_timeline
 from vramlens.result.report import MemoryReport
 from vramlens.units import format_bytes
 
+if TYPE_CHECKING:
+    from rich.box import Box
+    from rich.console import Console, ConsoleOptions, RenderResult
+    from rich.measure import Measurement
+
+    from vramlens.report.series import StackedSeries
+
 __all__ = [
-    "ASCII_TABLE_BOX",
+    "UNICODE_GLYPHS",
     "DEFAULT_HEIGHT",
     "Bar",
     "TerminalTimeline",
     "TimelineLayout",
+    "ascii_table_box",
     "bar",
     "layout_timeline",
     "needs_ascii",
@@ -63,11 +70,15 @@ __all__ = [
 ]
 
 _EIGHTHS = " ▁▂▃▄▅▆▇█"
-#: Every non-ASCII character the Unicode pictures use (checked against the console's encoding).
-UNICODE_GLYPHS = _EIGHTHS.strip() + "▏│┤└─┴━▲…"
 _CAPACITY_STYLE = "red"
-#: The tables' borderless box with an ASCII header rule (``--ascii``).
-ASCII_TABLE_BOX = Box("    \n    \n -- \n    \n    \n    \n    \n    \n", ascii=True)
+
+
+@cache
+def ascii_table_box() -> Box:
+    """The tables' borderless box with an ASCII header rule (``--ascii``)."""
+    from rich.box import Box
+
+    return Box("    \n    \n -- \n    \n    \n    \n    \n    \n", ascii=True)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -99,13 +110,7 @@ def _glyphs(layout: TimelineLayout) -> _Glyphs:
 def needs_ascii(console: Console) -> bool:
     """Whether ``console`` cannot show the Unicode pictures: a legacy Windows console, or an
     encoding that cannot encode :data:`UNICODE_GLYPHS`."""
-    if console.legacy_windows:
-        return True
-    try:
-        UNICODE_GLYPHS.encode(console.encoding)
-    except (UnicodeError, LookupError):
-        return True
-    return False
+    return console.legacy_windows or encoding_needs_ascii(console.encoding)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -123,9 +128,13 @@ class Bar:
         return "█" * self.cells if self.cells else "▏"
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        from rich.text import Text
+
         yield Text(self.chars(self.ascii_only or needs_ascii(console)), no_wrap=True, end="")
 
     def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        from rich.measure import Measurement
+
         return Measurement(max(self.cells, 1), max(self.cells, 1))
 
 
@@ -139,10 +148,10 @@ class _Row:
 
     def __init__(self, width: int) -> None:
         self.chars = [" "] * width
-        self.styles: list[str | Style] = [""] * width
+        self.styles: list[str] = [""] * width
         self.used = [False] * width
 
-    def put(self, column: int, text: str, style: str | Style = "", *, gap: int = 1) -> bool:
+    def put(self, column: int, text: str, style: str = "", *, gap: int = 1) -> bool:
         """Write ``text`` from ``column`` when it fits and keeps ``gap`` free cells from the
         labels already there; say whether it did."""
         end = column + len(text)
@@ -155,14 +164,14 @@ class _Row:
             self.used[column + offset] = True
         return True
 
-    def text(self, prefix: str) -> Text:
-        line = Text(prefix, no_wrap=True, overflow="crop")
+    def text(self, prefix: str) -> StyledLine:
+        line = StyledLine(prefix)
         _append_runs(line, list(zip(self.chars, self.styles, strict=True)))
         line.rstrip()
         return line
 
 
-def _append_runs(line: Text, cells: list[tuple[str, str | Style]]) -> None:
+def _append_runs(line: StyledLine, cells: list[tuple[str, str]]) -> None:
     """Append ``(character, style)`` cells, one span per run of equal styles."""
     start = 0
     for end in range(1, len(cells) + 1):
@@ -175,6 +184,10 @@ def _clean(name: str, ascii_only: bool) -> str:
     """A name from a record, safe to print: one cell per character, no control characters."""
     if ascii_only:
         return "".join(c if " " <= c <= "~" else "?" for c in name)
+    if name.isascii():  # a printable ASCII character is one cell
+        return "".join(c if c.isprintable() else "?" for c in name)
+    from rich.cells import cell_len
+
     return "".join(c if c.isprintable() and cell_len(c) == 1 else "?" for c in name)
 
 
@@ -186,7 +199,7 @@ def _fit(name: str, room: int, more: str) -> str:
     return name[: room - 1] + more if room >= 4 else ""
 
 
-def _plot_rows(layout: TimelineLayout) -> Iterator[Text]:
+def _plot_rows(layout: TimelineLayout) -> Iterator[StyledLine]:
     """The plot area, top row first, with the y axis and its labels."""
     glyphs, series = _glyphs(layout), layout.series
     swatches = [swatch(category) for category in series.categories]
@@ -194,7 +207,7 @@ def _plot_rows(layout: TimelineLayout) -> Iterator[Text]:
         value = layout.labels.get(row)
         label = "" if value is None else axis_label(value)
         style = _CAPACITY_STYLE if row == layout.capacity_row else ""
-        line = Text(no_wrap=True, overflow="crop")
+        line = StyledLine()
         line.append(label.rjust(layout.label_width) + " ", style)
         line.append(glyphs.tick if label else glyphs.axis, "dim")
         _append_runs(line, [_cell(layout, row, column, swatches) for column in range(layout.plot_width)])
@@ -202,19 +215,19 @@ def _plot_rows(layout: TimelineLayout) -> Iterator[Text]:
         yield line
 
 
-def _cell(layout: TimelineLayout, row: int, column: int, swatches: list[Swatch]) -> tuple[str, str | Style]:
+def _cell(layout: TimelineLayout, row: int, column: int, swatches: list[Swatch]) -> tuple[str, str]:
     """The character and style of one plot cell."""
     glyphs = _glyphs(layout)
-    category = int(layout.cells[row, column])
+    category = layout.cells[row][column]
     on_capacity = row == layout.capacity_row
     if category < 0:
         return (glyphs.capacity, _CAPACITY_STYLE) if on_capacity else (" ", "")
     color = swatches[category].rich
     if on_capacity:
-        return glyphs.capacity, Style(color=_CAPACITY_STYLE, bgcolor=color)
+        return glyphs.capacity, f"{_CAPACITY_STYLE} on {color}"
     if glyphs.eighths is None:
         return swatches[category].ascii, color
-    filled = min(int(layout.levels[column]) - row * layout.steps, layout.steps)
+    filled = min(layout.levels[column] - row * layout.steps, layout.steps)
     return glyphs.eighths[filled], color
 
 
@@ -225,10 +238,9 @@ def _phase_row(layout: TimelineLayout) -> tuple[_Row, list[int]]:
     row, ticks = _Row(width), []
     spans = []
     for name, first, last in series.phases:
-        lo = int(np.searchsorted(series.x, first, side="left"))
-        after = int(np.searchsorted(series.x, last, side="right"))
-        end = int(layout.point_column[after]) - 1 if after < len(series.x) else width - 1
-        spans.append((name, int(layout.point_column[min(lo, len(series.x) - 1)]), end))
+        lo, after = bisect_left(series.x, first), bisect_right(series.x, last)
+        end = layout.point_column[after] - 1 if after < len(series.x) else width - 1
+        spans.append((name, layout.point_column[min(lo, len(series.x) - 1)], end))
     following = [width] * len(spans)
     for i in range(len(spans) - 2, -1, -1):
         following[i] = spans[i + 1][1] if spans[i + 1][1] > spans[i][1] else following[i + 1]
@@ -269,7 +281,7 @@ def _peak_row(layout: TimelineLayout) -> _Row:
     return row
 
 
-def _legend(layout: TimelineLayout, width: int) -> list[Text]:
+def _legend(layout: TimelineLayout, width: int) -> list[StyledLine]:
     """Swatch and name of each category drawn, then the capacity line; wrapped to ``width``."""
     glyphs, series = _glyphs(layout), layout.series
     items: list[tuple[str, str, str]] = []
@@ -282,12 +294,12 @@ def _legend(layout: TimelineLayout, width: int) -> list[Text]:
             label += f", above the scale ({series.capacity_bytes / max(series.peak_bytes, 1):,.0f}x the peak)"
         items.append((glyphs.capacity, _CAPACITY_STYLE, label))
     indent = " " * (layout.label_width + 2)
-    lines, line = [], Text(indent, no_wrap=True, overflow="crop")
+    lines, line = [], StyledLine(indent)
     for glyph, style, label in items:
         needed = len(glyph) + 1 + len(label) + (2 if len(line) > len(indent) else 0)
         if len(line) > len(indent) and len(line) + needed > width:
             lines.append(line)
-            line = Text(indent, no_wrap=True, overflow="crop")
+            line = StyledLine(indent)
         if len(line) > len(indent):
             line.append("  ")
         line.append(glyph, style)
@@ -296,7 +308,7 @@ def _legend(layout: TimelineLayout, width: int) -> list[Text]:
     return lines
 
 
-def _title(series: StackedSeries, width: int) -> Text:
+def _title(series: SeriesPoints, width: int) -> StyledLine:
     """The longest of the titles that fits ``width``."""
     over = {"phase": "by phase", "ms": "over time"}.get(series.x_unit, "over events")
     events = "" if series.x_unit == "phase" else f"; {series.events:,} events"
@@ -305,19 +317,19 @@ def _title(series: StackedSeries, width: int) -> Text:
         f"memory {over} ({series.level} bytes{events})",
         f"memory {over}",
     )
-    return Text(next((title for title in titles if len(title) <= width), titles[-1]), style="bold")
+    return StyledLine(next((title for title in titles if len(title) <= width), titles[-1]), "bold")
 
 
 def render_timeline(
-    series: StackedSeries, *, width: int, height: int = DEFAULT_HEIGHT, ascii_only: bool = False
-) -> list[Text]:
+    series: SeriesPoints | StackedSeries, *, width: int, height: int = DEFAULT_HEIGHT, ascii_only: bool = False
+) -> list[StyledLine]:
     """The picture's lines, none wider than ``width`` cells (see the module docstring)."""
     if not len(series.x):
-        return [Text("timeline: no memory events to draw")]
+        return [StyledLine("timeline: no memory events to draw")]
     layout = layout_timeline(series, width=width, height=height, ascii_only=ascii_only)
-    glyphs, prefix = _glyphs(layout), " " * (layout.label_width + 2)
+    glyphs, prefix, series = _glyphs(layout), " " * (layout.label_width + 2), layout.series
     phases, ticks = _phase_row(layout)
-    axis = Text(axis_label(0).rjust(layout.label_width) + " " + glyphs.corner, "dim", no_wrap=True, overflow="crop")
+    axis = StyledLine(axis_label(0).rjust(layout.label_width) + " " + glyphs.corner, "dim")
     rule = [glyphs.rule] * layout.plot_width
     for column in ticks:
         rule[column] = glyphs.phase_tick if column else rule[column]
@@ -327,7 +339,7 @@ def render_timeline(
         lines.append(phases.text(prefix))
     lines += [_peak_row(layout).text(prefix), *_legend(layout, width)]
     for line in lines:
-        line.truncate(width, overflow="crop")
+        line.truncate(width)
     return lines
 
 
@@ -336,7 +348,7 @@ class TerminalTimeline:
     """The timeline as a rich renderable: as wide as the console (or ``width``), ASCII when
     asked or when the console cannot show the blocks (:func:`needs_ascii`)."""
 
-    series: StackedSeries
+    series: SeriesPoints | StackedSeries
     height: int = DEFAULT_HEIGHT
     ascii_only: bool = False
     width: int | None = None
@@ -344,19 +356,20 @@ class TerminalTimeline:
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         width = options.max_width if self.width is None else min(self.width, options.max_width)
         plain = self.ascii_only or needs_ascii(console)
-        yield from render_timeline(self.series, width=width, height=self.height, ascii_only=plain)
+        lines = render_timeline(self.series, width=width, height=self.height, ascii_only=plain)
+        yield from (line.to_rich() for line in lines)
 
 
 def timeline_renderable(
     report: MemoryReport, *, ascii_only: bool = False, height: int = DEFAULT_HEIGHT, width: int | None = None
 ) -> TerminalTimeline:
     """The terminal timeline of a report (over its timeline, or over its phases)."""
-    return TerminalTimeline(series=report_series(report), height=height, ascii_only=ascii_only, width=width)
+    return TerminalTimeline(series=report_points(report), height=height, ascii_only=ascii_only, width=width)
 
 
 def timeline_text(
     report: MemoryReport, *, width: int = 100, height: int = DEFAULT_HEIGHT, ascii_only: bool = False
 ) -> str:
     """The timeline as plain text (no colors), e.g. for a README or a log."""
-    lines = render_timeline(report_series(report), width=width, height=height, ascii_only=ascii_only)
+    lines = render_timeline(report_points(report), width=width, height=height, ascii_only=ascii_only)
     return "\n".join(line.plain for line in lines) + "\n"

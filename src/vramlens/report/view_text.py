@@ -19,7 +19,7 @@ from vramlens.forensics.oom import OomForensics
 from vramlens.forensics.view import ViewReport
 from vramlens.report.terminal import terminal_console
 from vramlens.report.text import add_phase_rows
-from vramlens.report.timeline_text import ASCII_TABLE_BOX, Bar, bar, timeline_renderable
+from vramlens.report.timeline_text import Bar, ascii_table_box, bar, timeline_renderable
 from vramlens.result.report import MemoryReport
 from vramlens.units import format_bytes
 
@@ -79,7 +79,7 @@ def _group(parts: list[Any], *, ascii_only: bool = False) -> Group:
             laid.append(Text(str(part.title), style="bold"))
             part.title = None
         if isinstance(part, Table) and ascii_only:
-            part.box = ASCII_TABLE_BOX
+            part.box = ascii_table_box()
         laid.append(part)
     return Group(*laid)
 

@@ -26,14 +26,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from vramlens.categories import Category
+from vramlens.categories import CATEGORY_ORDER, Category
 from vramlens.errors import InputError
 
 __all__ = ["CATEGORY_ORDER", "Timeline", "TimelineBuilder"]
 
-#: Category codes used in the ``category`` column (index into this tuple). Fixed order;
-#: saved files carry the names, so adding a category later does not break old files.
-CATEGORY_ORDER: tuple[Category, ...] = tuple(Category)
 
 _COLUMNS = ("time", "nbytes", "category", "phase", "module", "stack", "storage")
 Int64Array = npt.NDArray[np.int64]

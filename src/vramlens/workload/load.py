@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import difflib
 import math
 import os
 from collections.abc import Callable, Mapping
@@ -175,6 +174,8 @@ _NESTED: Final = {"lora": LORA_KEYS, "parallel": PARALLEL_KEYS}
 
 def _unknown(where: str, key: Any, accepted: list[str]) -> InputError:
     text = key if isinstance(key, str) else brief(key)
+    import difflib  # on a miss only (2 ms of a cold start)
+
     close = difflib.get_close_matches(text, accepted, n=1) if len(text) <= 100 else []
     hint = f" (did you mean '{close[0]}'?)" if close else ""
     return InputError(f"{where}: unknown key {abridge(repr(text), 80)}{hint}; accepted keys: {', '.join(accepted)}")

@@ -13,15 +13,14 @@ and its source are kept so tests can check the computed count against it.
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import re
 from dataclasses import dataclass, field
 from functools import cache
-from importlib import resources
 from typing import Any
 
+from vramlens._files import package_data
 from vramlens.errors import ConfigError
 from vramlens.model.families import parse_config
 from vramlens.model.spec import ModelSpec
@@ -91,7 +90,7 @@ def _entry_from_json(raw: Any, filename: str) -> CatalogEntry:
 def catalog_entries() -> tuple[CatalogEntry, ...]:
     """Every bundled checkpoint, sorted by name."""
     entries = []
-    for item in resources.files(__name__).iterdir():
+    for item in package_data(__name__).iterdir():
         if item.name.endswith(".json"):
             entries.append(_entry_from_json(json.loads(item.read_text(encoding="utf-8")), item.name))
     return tuple(sorted(entries, key=lambda e: _natural_key(e.name)))
@@ -156,6 +155,8 @@ def suggest_names(name: str, limit: int = 3) -> list[str]:
                     break
     close = [entry for _, entry in sorted(ranked)]
     names = [entry.name for entry in catalog_entries()]
+    import difflib  # on a miss only (2 ms of a cold start)
+
     spelled = difflib.get_close_matches(name.strip().lower().rsplit("/", 1)[-1], names, n=limit, cutoff=0.6)
     return list(dict.fromkeys([*close, *spelled]))[:limit]
 

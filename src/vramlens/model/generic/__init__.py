@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import logging
 from importlib.util import find_spec
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from vramlens._notes import note
 from vramlens.errors import ConfigError, MissingExtraError
 from vramlens.model.components import FfnKind, LayerSpec, MixerKind, PositionKind, PositionSpec
 from vramlens.model.config_reader import MAX_SIZE, ConfigView
@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 __all__ = ["MAX_CODE_LAYERS", "check_layer_counts", "describe_config", "text_config"]
 
 _PURPOSE = "describing a model_type without a native vramlens family"
-_LOG = logging.getLogger(__name__)
 #: Most layers of any stack (decoder, tower) a config read from code may declare: real models
 #: have at most a few hundred; building 1,024 small layers on the meta device takes seconds.
 MAX_CODE_LAYERS = 1024
@@ -110,7 +109,7 @@ def _layout(data: dict[str, Any], model_type: str, source: str, dtype: str) -> G
     _check_known(model_type, source, data)
     from vramlens.model.generic.reader import read_layout
 
-    _LOG.info("reading %s (%s) from transformers' code on the meta device (once; cached)", source, model_type)
+    note(__name__, "reading %s (%s) from transformers' code on the meta device (once; cached)", source, model_type)
     try:
         layout = read_layout(data, model_type, dtype)
     except ConfigError as error:

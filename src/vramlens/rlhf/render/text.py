@@ -152,7 +152,9 @@ def rlhf_timeline_lines(report: RlhfReport, *, width: int, ascii: bool = False, 
     """The picture's lines (styled), none wider than ``width`` cells."""
     width = max(width, 40)
     lines = [Text("RLHF step: memory per phase (busiest GPU)", style="bold")]
-    lines += render_timeline(rlhf_series(report), width=width, height=height, ascii_only=ascii)
+    lines += [
+        line.to_rich() for line in render_timeline(rlhf_series(report), width=width, height=height, ascii_only=ascii)
+    ]
     lines.append(Text(""))
     lines += _model_bars(report, width=width, ascii=ascii)
     lines += _verdict(report, width)
