@@ -24,6 +24,7 @@ The CUDA-only cuBLAS workspace is taken out of the estimate.
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import sys
 from pathlib import Path
@@ -36,13 +37,9 @@ from vramlens.estimator.runtime import CUBLAS_WORKSPACE_BYTES
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-try:
-    import omegaconf  # noqa: F401
-    import torchtune  # noqa: F401
-
-    HAVE_TORCHTUNE = True
-except ImportError:
-    HAVE_TORCHTUNE = False
+# Not imported here: importing torchtune sets HF_HUB_ENABLE_HF_TRANSFER for the whole process
+# (torchtune_recipe.import_torchtune keeps it from doing so).
+HAVE_TORCHTUNE = all(importlib.util.find_spec(name) is not None for name in ("torchtune", "torchao", "omegaconf"))
 
 pytestmark = [
     pytest.mark.skipif(not HAVE_TORCHTUNE, reason="needs the [fidelity] extra (torchtune, torchao)"),

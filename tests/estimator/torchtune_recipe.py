@@ -16,6 +16,8 @@ token ids in torchtune's batch format; the metric logger: nothing). Needs the [f
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -145,7 +147,6 @@ def _recipe_class(module: str, name: str) -> Any:
     """A recipe class, loaded from its file as ``tune run`` does (``torchtune/_cli/run.py``:
     ``ROOT / "recipes" / recipe.file_path``; the ``recipes`` directory is not an importable package)."""
     import importlib.util
-    import sys
 
     from torchtune._cli.run import ROOT
 
@@ -215,9 +216,30 @@ def _recipe(run: TorchtuneRun) -> Any:
 
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
+    """torchtune with its warnings silenced (torchao's on import, torchtune's deprecations)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        import_torchtune()
         yield
+
+
+def import_torchtune() -> None:
+    """Import torchtune without its side effect on the process: with ``hf_transfer`` installed
+    (a dependency of torchtune) its ``__init__`` sets ``HF_HUB_ENABLE_HF_TRANSFER=1``, on which
+    huggingface_hub (imported later by any test) raises a FutureWarning, an error under pytest's
+    ``filterwarnings = error``. The variable is held at "0" while torchtune loads, then removed."""
+    if "torchtune" in sys.modules:
+        return
+    key = "HF_HUB_ENABLE_HF_TRANSFER"
+    before = os.environ.get(key)
+    os.environ[key] = before if before is not None else "0"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import torchtune  # noqa: F401
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
 
 
 class _Stream:
@@ -285,6 +307,8 @@ def measure_torchtune(run: TorchtuneRun) -> int:
         tracker.register([list(recipe._model.parameters()), list(recipe._model.buffers())])
         with tracker:
             recipe.train()
+    if run.compile:
+        torch._dynamo.reset()  # leave no traced torchtune layers behind for later compiles
     return tracker.peak
 
 
@@ -293,10 +317,12 @@ def compiled_layer_saved_per_token(run: TorchtuneRun) -> float:
     ``training.compile_model`` compiles it (Inductor), counted with saved-tensor hooks outside any
     tracker (parameters and buffers left out; every other saved tensor grows with the tokens)."""
     import torch
-    from torchtune import config, training
 
     torch.manual_seed(0)
+    torch._dynamo.reset()  # frames other runs traced (an earlier compile: true recipe) would count against its cache
     with _quiet():
+        from torchtune import config, training
+
         with training.set_default_dtype(torch.bfloat16):
             model = config.instantiate(run.recipe_config().model)
         training.compile_model(model, verbose=False)
