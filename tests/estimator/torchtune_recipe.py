@@ -223,6 +223,31 @@ def _quiet() -> Iterator[None]:
         yield
 
 
+#: Functions torchtune 0.6.1 imports from ``torchao.quantization`` (``torchtune/training/quantization.py``,
+#: for its quantize and QAT recipes) that torchao removed in 0.15 (replaced by config classes).
+_REMOVED_IN_TORCHAO_015 = ("int4_weight_only", "int8_dynamic_activation_int4_weight")
+
+
+def _removed_torchao_names() -> None:
+    """Stand-ins, raising if called, for the torchao functions torchtune 0.6.1 imports but torchao
+    0.17 no longer has. torchao must be 0.16 or 0.17: PEFT 0.21 refuses torchao below 0.16 (an
+    ImportError whenever transformers' quantizers look for it) and torchao 0.18 moved
+    ``torchao.dtypes.nf4tensor``, which torchtune's LoRA modules import. The fine-tuning recipes
+    never call these two (torchtune's quantize and QAT recipes do)."""
+    import torchao
+    import torchao.quantization
+
+    def stand_in(name: str) -> Any:
+        def removed(*args: Any, **kwargs: Any) -> Any:
+            raise NotImplementedError(f"torchao {torchao.__version__} has no {name} (removed in 0.15)")
+
+        return removed
+
+    for name in _REMOVED_IN_TORCHAO_015:
+        if not hasattr(torchao.quantization, name):
+            setattr(torchao.quantization, name, stand_in(name))
+
+
 def import_torchtune() -> None:
     """Import torchtune without its side effect on the process: with ``hf_transfer`` installed
     (a dependency of torchtune) its ``__init__`` sets ``HF_HUB_ENABLE_HF_TRANSFER=1``, on which
@@ -236,6 +261,7 @@ def import_torchtune() -> None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            _removed_torchao_names()
             import torchtune  # noqa: F401
     finally:
         if before is None:

@@ -16,24 +16,32 @@ from __future__ import annotations
 
 from vramlens.resolve.context import TrainingContext
 from vramlens.resolve.frameworks import layer_style
-from vramlens.resolve.styles import NormStyle
+from vramlens.resolve.styles import HfStyle, NormStyle
 
 __all__ = ["final_norm_per_token", "rotary_per_token", "rotary_buffer_bytes"]
 
 FP32 = 4
 
 
+def _style(ctx: TrainingContext) -> HfStyle | None:
+    """The layer style of a native family under the workload's framework; None for a family
+    described from its transformers code (a traced recipe), whose modules are transformers'."""
+    return None if ctx.spec.generic is not None else layer_style(ctx.spec.model_type, ctx.profile)
+
+
 def final_norm_per_token(ctx: TrainingContext) -> float:
     """Bytes per token the final norm keeps for backward (before tensor parallelism divides it)."""
     h, a = ctx.spec.hidden_size, ctx.compute_bytes
-    if layer_style(ctx.spec.model_type, ctx.profile).norm == NormStyle.TORCHTUNE:
+    style = _style(ctx)
+    if style is not None and style.norm == NormStyle.TORCHTUNE:
         return FP32 * h + FP32 + (FP32 * h if ctx.full and a != FP32 else 0)
     return FP32 * h + FP32 + (a * h if ctx.full else 0)
 
 
 def rotary_per_token(ctx: TrainingContext) -> float:
     """Bytes per token of the per-forward rotary (cos, sin) tables; 0 where the table is a buffer."""
-    if layer_style(ctx.spec.model_type, ctx.profile).rope_buffer:
+    style = _style(ctx)
+    if style is not None and style.rope_buffer:
         return 0.0
     return 2 * ctx.compute_bytes * ctx.spec.head_dim
 
@@ -58,7 +66,8 @@ def _one_table_in_lora(ctx: TrainingContext) -> bool:
 def rotary_buffer_bytes(ctx: TrainingContext) -> int:
     """Bytes of the rotary buffers held for the whole run (torchtune's fp32 rope caches, sized for
     the model's max positions as its builders' ``max_seq_len``); else 0."""
-    if not layer_style(ctx.spec.model_type, ctx.profile).rope_buffer:
+    style = _style(ctx)
+    if style is None or not style.rope_buffer:
         return 0
     width = (2 if ctx.spec.model_type in _DOUBLE_WIDTH_TABLES else 1) * ctx.spec.head_dim
     tables = 1 if ctx.full or _one_table_in_lora(ctx) else ctx.spec.num_layers

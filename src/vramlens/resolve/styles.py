@@ -173,9 +173,11 @@ HF_STYLES: Final[dict[str, HfStyle]] = {
 def torchtune_style(style: HfStyle) -> HfStyle:
     """A family's layer as torchtune's own modules build it (``torchtune.modules``: the
     ``TransformerSelfAttentionLayer`` of every torchtune decoder builder), which replace
-    transformers' classes: its RMSNorm, its GQA expansion and its rotary buffer. Checked with
+    transformers' classes: its RMSNorm (where the family's is Llama's; Gemma's ``GemmaRMSNorm``
+    computes as transformers' does), its GQA expansion and its rotary buffer. Checked with
     torchtune 0.6.1's recipes on CPU (tests/estimator/test_trainer_torchtune.py)."""
-    return replace(style, norm=NormStyle.TORCHTUNE, kv_repeat=True, rope_buffer=True)
+    norm = NormStyle.TORCHTUNE if style.norm == NormStyle.RMS else style.norm
+    return replace(style, norm=norm, kv_repeat=True, rope_buffer=True)
 
 
 def hf_style(model_type: str) -> HfStyle:
