@@ -64,10 +64,8 @@ class TorchtuneRun:
             workload["lora"] = {"rank": 8, "alpha": 16, "targets": targets}
         return workload
 
-    def recipe_config(self) -> Any:
-        """The recipe config (as a torchtune YAML would give it), minus what reads files."""
-        from omegaconf import OmegaConf
-
+    def _model_block(self) -> dict[str, Any]:
+        """The config's ``model``: torchtune's Llama 3 builder (or its LoRA builder) of ``model``'s shape."""
         hf = dict(self.model)
         model: dict[str, Any] = {
             "vocab_size": hf["vocab_size"],
@@ -89,6 +87,12 @@ class TorchtuneRun:
             )
         else:
             model["_component_"] = "torchtune.models.llama3.llama3"
+        return model
+
+    def recipe_config(self) -> Any:
+        """The recipe config (as a torchtune YAML would give it), minus what reads files."""
+        from omegaconf import OmegaConf
+
         lora_only: dict[str, Any] = {}
         if self.method == "lora":  # every LoRA config has one; the LoRA recipe steps it unconditionally
             lora_only["lr_scheduler"] = {
@@ -105,7 +109,7 @@ class TorchtuneRun:
                 "device": "cpu",
                 "dtype": "bf16",
                 "seed": 0,
-                "model": model,
+                "model": self._model_block(),
                 "optimizer": {"_component_": "torch.optim.AdamW", "fused": True, "lr": 2e-5},
                 "loss": {"_component_": loss},
                 "batch_size": self.batch,
