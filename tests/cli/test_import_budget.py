@@ -72,6 +72,7 @@ ALLOWED = frozenset(
         "vramlens.estimator.moe_parts",
         "vramlens.estimator.offload",
         "vramlens.estimator.optimizers",
+        "vramlens.estimator.outside_layers",
         "vramlens.estimator.qlora",
         "vramlens.estimator.quantities",
         "vramlens.estimator.recompute",

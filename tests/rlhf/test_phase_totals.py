@@ -133,10 +133,28 @@ def test_dpo_has_no_generation_and_doubles_the_sequences(tiny: str) -> None:
     report = rlhf_estimate(load_rlhf({"algo": "dpo", "actor": tiny, "gpu": "h100-80gb", "micro_batch": 2}))
     assert [p.name for p in report.phases] == ["reference", "actor_training"]
     tokens = 2048
-    train = estimate({"model": tiny, "gpu": "h100-80gb", "mode": "train", "batch": 4, "seq": tokens})
+    # DPOTrainer: the policy trains under the trl profile (TRL's fused head), not hf.
+    train = estimate(
+        {"model": tiny, "gpu": "h100-80gb", "mode": "train", "batch": 4, "seq": tokens, "framework": "trl"}
+    )
     assert report.phases[1].allocated_bytes == train.allocated_bytes + 2 * N
     pre = rlhf_estimate(load_rlhf({"algo": "dpo", "actor": tiny, "gpu": "h100-80gb", "precomputed_ref_logprobs": True}))
     assert [p.name for p in pre.phases] == ["actor_training"] and pre.transitions == ()
+
+
+def test_dpo_reference_log_probs_come_through_trls_fused_head(tiny: str) -> None:
+    """DPOTrainer (TRL 1.16) adds its fused LM head to the reference model too
+    (``add_fused_lm_head(self.ref_model)``): the reference's log-prob forward holds the final hidden
+    state's copy, one bf16 ``[4096, 32768]`` tile (at full width for any vocabulary) and seven fp32
+    running statistics per scored position (each row's last position is not scored), not the
+    ``[tokens, vocab]`` logits of a plain forward."""
+    report = rlhf_estimate(load_rlhf({"algo": "dpo", "actor": tiny, "gpu": "h100-80gb", "micro_batch": 2}))
+    rows, seq = 2 * 2, 2048  # chosen + rejected rows of 2 pairs
+    positions = rows * seq - rows
+    head = positions * H * 2 + min(positions, 4096) * 32768 * 2 + positions * 7 * 4
+    ref_work = _work(tiny, mode="infer", precision="bf16", batch=rows, prompt=seq, generate=0)
+    assert report.phases[0].name == "reference"
+    assert report.phases[0].allocated_bytes == 12 * N + 2 * N + ref_work + head
 
 
 def test_a_sharded_frozen_model_gathers_its_root_and_two_layers_to_run() -> None:

@@ -117,7 +117,8 @@ def _attention_core(recipe: LayerRecipe, widths: _Widths, *, sliding: bool) -> l
     """What the attention kernel keeps for backward.
 
     With an attention mask (sliding-window layers under SDPA) transformers repeats
-    GQA keys/values to every head instead of using SDPA's native GQA. Flash attention
+    GQA keys/values to every head instead of using SDPA's native GQA; torchtune always
+    does (:attr:`HfStyle.kv_repeat`). Flash attention
     (transformers' flash_attention_2) applies windows and GQA itself: no mask, no repeat.
     """
     spec, a = recipe.spec, recipe.compute_bytes
@@ -125,7 +126,8 @@ def _attention_core(recipe: LayerRecipe, widths: _Widths, *, sliding: bool) -> l
     out = widths.q if spec.attn.mla is None else widths.v
     masked = (sliding or recipe.style.sdpa_mask) and recipe.attention is not AttentionImpl.FLASH
     if recipe.attention is not AttentionImpl.EAGER:
-        repeat = heads // spec.num_kv_heads if (masked and spec.attn.mla is None) else 1
+        expanded = masked or recipe.style.kv_repeat
+        repeat = heads // spec.num_kv_heads if (expanded and spec.attn.mla is None) else 1
         parts = [
             Part(name="attention q", bytes_per_token=a * widths.q),
             Part(name="attention k, v", bytes_per_token=a * (widths.k + widths.v) * repeat),

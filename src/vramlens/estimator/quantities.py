@@ -17,6 +17,7 @@ from vramlens.estimator.logits_terms import logits_terms
 from vramlens.estimator.memo_keys import SizeFreeInputs
 from vramlens.estimator.offload import gradient_buffers
 from vramlens.estimator.optimizers import OptimizerModel, optimizer_model
+from vramlens.estimator.outside_layers import final_norm_per_token, rotary_buffer_bytes, rotary_per_token
 from vramlens.estimator.qlora import dequantized_bytes
 from vramlens.estimator.recompute import LayerActivations, eager_attention_working, layer_activations, train_state
 from vramlens.estimator.ring_attention import ring_backward_bytes
@@ -90,6 +91,15 @@ def _weights_and_state(ctx: TrainingContext, mem: StageMemory) -> None:
         into="params_bytes",
         alive=WHOLE_STEP,
     )
+    rope = rotary_buffer_bytes(ctx)
+    mem.add(
+        "rotary table buffers (torchtune fp32 rope caches)",
+        Category.BUFFERS,
+        rope,
+        lambda: f"{ctx.spec.max_position_embeddings:,} positions x head_dim {ctx.spec.head_dim} x 4 B, per table",
+        into="params_bytes",
+        alive=WHOLE_STEP,
+    )
     _gradients(ctx, mem)
 
 
@@ -160,7 +170,6 @@ def _activations(ctx: TrainingContext, mem: StageMemory, acts: LayerActivations)
     mem.formulas["recompute_bytes"] = lambda: f"{acts.transient_per_token:,.0f} B/token x {tokens:,} tokens"
     mem.masks_bytes_per_token = acts.masks_per_token
     mem.mixer_backward_bytes_per_token = acts.mixer_backward_per_token
-    h, a = ctx.spec.hidden_size, ctx.compute_bytes
     mem.add(
         "inputs (ids, labels)",
         Category.INPUTS,
@@ -169,10 +178,10 @@ def _activations(ctx: TrainingContext, mem: StageMemory, acts: LayerActivations)
         into="inputs_bytes",
         alive=WHOLE_STEP,
     )
-    rotary = 2 * a * ctx.spec.head_dim if stage.first else 0
+    rotary = rotary_per_token(ctx) if stage.first else 0
     # Final norm (sequence-parallel under TP) and the head's input, which a column-parallel
     # head all-gathers to the full sequence before the matmul.
-    final = ((4 * h + 4 + (a * h if ctx.full else 0)) / parallel.tp + head_input_per_token(ctx)) if stage.last else 0
+    final = (final_norm_per_token(ctx) / parallel.tp + head_input_per_token(ctx)) if stage.last else 0
     mem.add(
         "activations outside the layers (final norm, head input, rotary tables)",
         Category.ACTIVATIONS,

@@ -21,7 +21,7 @@ from vramlens.model.spec import FfnKind, LayerKind, LayerSpec, MixerKind
 from vramlens.resolve._memo import memo
 from vramlens.resolve.context import TrainingContext
 from vramlens.resolve.derived import checkpointed_layers, seq_per_rank
-from vramlens.resolve.frameworks import NormImpl
+from vramlens.resolve.frameworks import NormImpl, layer_style
 from vramlens.resolve.kbit import kbit_prepared
 from vramlens.resolve.styles import hf_style
 from vramlens.workload.options import AttentionImpl, Framework, Method, Recompute
@@ -64,7 +64,7 @@ def train_state(ctx: TrainingContext, targets: frozenset[str]) -> TrainState:
 def _recipe(ctx: TrainingContext, state: TrainState, notes: list[str]) -> LayerRecipe:
     return LayerRecipe(
         spec=ctx.spec,
-        style=hf_style(ctx.spec.model_type),
+        style=layer_style(ctx.spec.model_type, ctx.profile),
         compute_bytes=ctx.compute_bytes,
         # fp32 residual stream: fp32 weights under autocast (full training, or QLoRA's k-bit preparation)
         autocast=ctx.autocast and (ctx.method is Method.FULL or kbit_prepared(ctx.workload, ctx.profile)),

@@ -137,6 +137,11 @@ def norm_saved(recipe: LayerRecipe, width: int, *, input_bytes: int, name: str) 
         Part(name=f"{name} fp32 input", bytes_per_token=FP32 * width, split=SEQUENCE),
         Part(name=f"{name} rsqrt", bytes_per_token=STAT, split=SEQUENCE),
     ]
+    if style == NormStyle.TORCHTUNE:
+        # The composite path (a scale that is not fp32) keeps the fp32 product for a trained scale.
+        if trained and recipe.compute_bytes != FP32:
+            parts.append(Part(name=f"{name} fp32 normalized", bytes_per_token=FP32 * width, split=SEQUENCE))
+        return parts
     if trained:
         normalized = input_bytes if style == NormStyle.RMS else FP32
         parts.append(Part(name=f"{name} normalized", bytes_per_token=normalized * width, split=SEQUENCE))

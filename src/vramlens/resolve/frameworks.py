@@ -7,13 +7,15 @@ says ``auto``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from vramlens._compat import StrEnum
 from vramlens.errors import InputError
+from vramlens.resolve.styles import HfStyle, hf_style, torchtune_style
 from vramlens.workload.options import AttentionImpl, Framework, FsdpWrap, LossImpl, OptimizerImpl
 
-__all__ = ["FRAMEWORKS", "PLAIN_NOTE", "FrameworkProfile", "MixedStyle", "NormImpl", "profile_for"]
+__all__ = ["FRAMEWORKS", "PLAIN_NOTE", "FrameworkProfile", "MixedStyle", "NormImpl", "layer_style", "profile_for"]
 
 #: What the plain profile assumes, for the report (its precision is the workload's, not the loop's).
 PLAIN_NOTE = (
@@ -97,6 +99,10 @@ class FrameworkProfile:
     ``layer.compile()`` per transformer layer), so the backward still runs layer by layer and an
     optimizer in backward frees each layer's gradients as they come; a whole-model compile returns
     every gradient at once."""
+    own_modules: Callable[[HfStyle], HfStyle] | None = None
+    """The framework builds its decoders from its own modules, not transformers' classes: how
+    their layers keep tensors, given the family's transformers style (torchtune:
+    :func:`vramlens.resolve.styles.torchtune_style`). None: transformers' modules."""
     kbit_prepare: bool = False
     """QLoRA on a bitsandbytes 4-bit base runs ``peft.prepare_model_for_kbit_training``, which
     casts every fp16/bf16 weight that is not 4-bit (embeddings, norms, LM head, biases) to fp32
@@ -206,8 +212,11 @@ FRAMEWORKS: dict[Framework, FrameworkProfile] = {
         adapters_fp32=False,
         compiles_per_layer=True,
         fsdp2=True,
-        source="torchtune CEWithChunkedOutputLoss(num_output_chunks=8); RMSNorm computes in fp32; recipes' AdamW fused=True; "
-        "training.compile_model compiles each transformer layer separately (torchtune/training/_compile.py)",
+        own_modules=torchtune_style,
+        source="torchtune CEWithChunkedOutputLoss(num_output_chunks=8); recipes' AdamW fused=True; "
+        "training.compile_model compiles each transformer layer separately (torchtune/training/_compile.py); "
+        "torchtune.modules layers: RMSNorm as F.rms_norm on x.float(), GQA keys/values expanded to every head, "
+        "an fp32 rope_cache buffer (torchtune 0.6.1, checked by tests/estimator/test_trainer_torchtune.py)",
     ),
     Framework.LITGPT: FrameworkProfile(
         name=Framework.LITGPT,
@@ -255,6 +264,12 @@ FRAMEWORKS: dict[Framework, FrameworkProfile] = {
         source="DeepSpeed ZeRO: 2 bytes params + (2 bf16 grads + 4 fp32 grads + 12 optimizer) / N (DeepSpeed memory docs)",
     ),
 }
+
+
+def layer_style(model_type: str, profile: FrameworkProfile) -> HfStyle:
+    """How ``model_type``'s decoder layers keep tensors under ``profile`` (its own modules, or transformers')."""
+    style = hf_style(model_type)
+    return style if profile.own_modules is None else profile.own_modules(style)
 
 
 def profile_for(framework: Framework) -> tuple[FrameworkProfile, str | None]:

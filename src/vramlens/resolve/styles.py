@@ -8,10 +8,10 @@ bytes in :mod:`vramlens.estimator.activations`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
-__all__ = ["HF_STYLES", "HfStyle", "NormStyle", "hf_style"]
+__all__ = ["HF_STYLES", "HfStyle", "NormStyle", "hf_style", "torchtune_style"]
 
 
 class NormStyle:
@@ -29,6 +29,12 @@ class NormStyle:
     """Cohere2LayerNorm (bias-free LayerNorm written in fp32 arithmetic): ``x - mean`` is computed
     twice (once for the variance, once to normalize) and both fp32 copies are kept, with the rsqrt
     per token and, when the weight trains, the fp32 normalized tensor."""
+    TORCHTUNE = "torchtune"
+    """torchtune's ``RMSNorm``: ``F.rms_norm(x.float(), weight=self.scale).to(x.dtype)``. ATen's
+    ``rms_norm_symint`` runs the fused kernel (input and rstd kept) only when the weight's dtype is
+    the input's; a bf16/fp16 scale on the fp32 input takes ``rms_norm_composite``, which keeps the
+    fp32 input, the rsqrt per token and, when the scale trains, the fp32 normalized tensor
+    (aten/src/ATen/native/layer_norm.cpp; torchtune/modules/rms_norm.py)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -94,6 +100,12 @@ class HfStyle:
     all_linear_lora: bool = True
     """PEFT's ``all-linear`` LoRA runs on this family. Llama 4's ``Llama4Router`` subclasses
     ``nn.Linear`` but returns a tuple: PEFT wraps it and its forward fails."""
+    kv_repeat: bool = False
+    """Keys and values are expanded to every query head before SDPA whatever the mask
+    (torchtune's ``MultiHeadAttention``: ``k.unsqueeze(2).expand(...).flatten(1, 2)``, a copy)."""
+    rope_buffer: bool = False
+    """The rotary table is a module buffer built once for ``max_seq_len`` positions in fp32
+    (torchtune's ``RotaryPositionalEmbeddings.rope_cache``), not a per-forward (cos, sin) pair."""
     logits_fp32: bool = False
     """The model's forward returns float32 logits (Nemotron-H: ``self.lm_head(hidden_states).float()``),
     which the loss and the kept ``outputs.logits`` then hold."""
@@ -156,6 +168,16 @@ HF_STYLES: Final[dict[str, HfStyle]] = {
     "nemotron_h": HfStyle(norm=NormStyle.RMS_FP32_WEIGHT, router_fp32=True, logits_fp32=True),
     "granitemoehybrid": HfStyle(),
 }
+
+
+def torchtune_style(style: HfStyle) -> HfStyle:
+    """A family's layer as torchtune's own modules build it (``torchtune.modules``: the
+    ``TransformerSelfAttentionLayer`` of every torchtune decoder builder), which replace
+    transformers' classes: its RMSNorm (where the family's is Llama's; Gemma's ``GemmaRMSNorm``
+    computes as transformers' does), its GQA expansion and its rotary buffer. Checked with
+    torchtune 0.6.1's recipes on CPU (tests/estimator/test_trainer_torchtune.py)."""
+    norm = NormStyle.TORCHTUNE if style.norm == NormStyle.RMS else style.norm
+    return replace(style, norm=norm, kv_repeat=True, rope_buffer=True)
 
 
 def hf_style(model_type: str) -> HfStyle:

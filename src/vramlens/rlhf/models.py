@@ -4,10 +4,16 @@
   sharding and TP, ``batch = micro_batch`` (x2 for DPO pairs), ``seq = prompt + response``.
   Resident between phases: parameters, optimizer state and buffers (PyTorch frees gradients
   at ``zero_grad(set_to_none=True)``); the rest of the training peak is the phase's work.
+* DPO is TRL's ``DPOTrainer`` (what people run for it): the policy trains with the ``trl``
+  framework profile (TRL's fused LM head: chunked log-probs, no ``[tokens, vocab]`` logits;
+  :mod:`vramlens.estimator.trl_head`), and the reference's log-probs come through the same
+  fused head (``add_fused_lm_head(self.ref_model)``, trl/trainer/dpo_trainer.py, TRL 1.16).
 * Forward-only passes (reward scoring, reference log-probs, critic values): ``mode: infer``
   prefill of ``micro_batch`` sequences of ``prompt + response`` tokens, no generated tokens.
   Log-prob passes add the logits of every position: ``tokens x vocab / tp x 2`` bytes
-  (bf16), which a prefill's last-position logits leave out.
+  (bf16), which a prefill's last-position logits leave out; DPO's reference adds TRL's fused
+  head at its forward instead (the final hidden state's copy, one ``[4096, 32768]`` tile and
+  its running statistics).
 * The rollout: ``mode: infer`` of the actor's model with ``engine`` hf or vllm, the sequences
   of one data-parallel replica (``ceil(rollout_batch x group_size / (group GPUs / tp))``),
   ``prompt`` and ``generate = response``. HF generate borrows the actor's weights; vLLM keeps
@@ -24,6 +30,7 @@ from typing import Any
 from vramlens.categories import Category
 from vramlens.errors import InputError
 from vramlens.estimator import estimate_resolved
+from vramlens.estimator.trl_head import FusedHead, fused_head_memory
 from vramlens.hardware import GpuSpec
 from vramlens.model.params import parameter_breakdown
 from vramlens.model.resolve import load_model
@@ -164,6 +171,8 @@ def training_workload(setup: RlhfSetup, role: ModelRole) -> dict[str, Any]:
     }  # fmt: skip
     if role.quant != "none":
         workload["quant"] = role.quant
+    if setup.algo is Algo.DPO:
+        workload["framework"] = "trl"  # DPOTrainer
     return workload
 
 
@@ -185,10 +194,21 @@ def _trained(est: _Estimator, role: ModelRole, phase: str) -> ModelMemory:
 
 
 def _logits(est: _Estimator, role: ModelRole) -> int:
-    """bf16 logits of every position of a log-prob forward (vocab split over TP)."""
-    pairs = 2 if est.setup.algo is Algo.DPO else 1
-    tokens = est.setup.micro_batch * pairs * (est.setup.prompt + est.setup.response)
-    return tokens * math.ceil(est.spec(role.model).vocab_size / role.tp) * 2
+    """A log-prob forward's head, bytes: bf16 logits of every position (vocab split over TP), or
+    for DPO TRL's fused head at its forward (:func:`vramlens.estimator.trl_head.fused_head_memory`:
+    the scored positions drop each row's last one; no gradient, bf16 weights and hidden states)."""
+    setup = est.setup
+    pairs = 2 if setup.algo is Algo.DPO else 1
+    rows = setup.micro_batch * pairs
+    tokens = rows * (setup.prompt + setup.response)
+    vocab = math.ceil(est.spec(role.model).vocab_size / role.tp)
+    if setup.algo is not Algo.DPO:
+        return tokens * vocab * 2
+    head = FusedHead(
+        positions=max(tokens - rows, 1), vocab=vocab, hidden=est.spec(role.model).hidden_size,
+        compute_bytes=2, stream_bytes=2, weight_bytes=2, head_trains=False,
+    )  # fmt: skip
+    return fused_head_memory(head).forward_end
 
 
 def gathered_forward_bytes(spec: ModelSpec, report: MemoryReport) -> int:
