@@ -66,6 +66,7 @@ ALLOWED = frozenset(
         "vramlens.estimator.moe_parts",
         "vramlens.estimator.offload",
         "vramlens.estimator.optimizers",
+        "vramlens.estimator.paged",
         "vramlens.estimator.qlora",
         "vramlens.estimator.quantities",
         "vramlens.estimator.recompute",

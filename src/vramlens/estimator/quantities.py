@@ -15,6 +15,7 @@ from vramlens.estimator.layout import EMBED_NAMES, StageView, effective_quant, m
 from vramlens.estimator.logits_terms import logits_terms
 from vramlens.estimator.offload import gradient_buffers
 from vramlens.estimator.optimizers import OptimizerModel, optimizer_model
+from vramlens.estimator.paged import add_bnb_state
 from vramlens.estimator.qlora import dequantized_bytes
 from vramlens.estimator.recompute import LayerActivations, eager_attention_working, layer_activations, train_state
 from vramlens.estimator.stage_memory import WHOLE_STEP, Formula, StageMemory, Summed
@@ -60,9 +61,10 @@ def _weights_and_state(ctx: TrainingContext, mem: StageMemory) -> None:
         state = optimizer.state_bytes(group.elements, group.state_bytes)
         master = group.elements * group.master_bytes
         if not on_cpu_state:
-            if optimizer.paged:
-                mem.paged_states_bytes += int(state / d_state)
-            else:
+            bnb = bool(optimizer.paged or optimizer.fixed_state_bytes) and add_bnb_state(
+                ctx, mem, group, optimizer, d_state
+            )
+            if not bnb:
                 mem.add(
                     f"optimizer state ({group.name})",
                     Category.OPTIMIZER_STATE,

@@ -101,6 +101,10 @@ class FrameworkProfile:
     """QLoRA on a bitsandbytes 4-bit base runs ``peft.prepare_model_for_kbit_training``, which
     casts every fp16/bf16 weight that is not 4-bit (embeddings, norms, LM head, biases) to fp32
     (:mod:`vramlens.estimator.qlora`; sharded QLoRA skips it)."""
+    bnb_embeddings_32bit: bool = False
+    """Under a bitsandbytes 8-bit optimizer, ``nn.Embedding`` weights keep 32-bit state (two fp32
+    moments): transformers' ``Trainer.create_optimizer`` registers ``{"optim_bits": 32}`` for each
+    (:mod:`vramlens.estimator.paged`)."""
     source: str
 
 
@@ -120,6 +124,7 @@ FRAMEWORKS: dict[Framework, FrameworkProfile] = {
         fsdp_wrap=FsdpWrap.SPLIT,
         loss_in_model=True,
         kbit_prepare=True,
+        bnb_embeddings_32bit=True,
         source="transformers 5.x TrainingArguments.optim default 'adamw_torch_fused' (torch>=2.8); "
         "ForCausalLMLoss upcasts logits to fp32; LlamaRMSNorm computes in fp32; PEFT autocast_adapter_dtype=True; "
         "FSDP: fsdp_config version 2 by default (TrainingArguments), accelerate 1.15 fsdp2_prepare_model units; "
@@ -141,6 +146,7 @@ FRAMEWORKS: dict[Framework, FrameworkProfile] = {
         fsdp_wrap=FsdpWrap.SPLIT,
         loss_in_model=True,
         kbit_prepare=False,
+        bnb_embeddings_32bit=True,
         source="TRL 1.16: SFTTrainer and DPOTrainer call add_fused_lm_head (trl/trainer/utils.py), so the loss "
         "is -log_probs from ChunkedLogProbFunction (trl/kernels/chunked_logprob.py; 4096 x 32768 tiles, the "
         "entropy and is_top1 metrics computed in the same pass; use_liger_kernel no longer fuses the loss) and "
