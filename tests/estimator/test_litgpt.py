@@ -53,3 +53,38 @@ def test_litgpt_lora_step_peak_matches_the_estimate() -> None:
     measured = measure_litgpt(run)
     estimated = estimate(run.workload()).allocated_bytes - CUBLAS_WORKSPACE_BYTES  # CUDA only
     assert estimated == pytest.approx(measured, rel=0.03), f"estimate / tracked = {estimated / measured:.4f}"
+
+
+def _fsdp_peaks(batch: int, seq: int) -> list[int]:
+    """Per-rank tracked peaks of litgpt_fsdp_run.py (its own two processes, launched by Fabric)."""
+    import json
+    import os
+    import subprocess
+
+    script = Path(__file__).resolve().parent / "litgpt_fsdp_run.py"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    done = subprocess.run(
+        [sys.executable, str(script), str(batch), str(seq)], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = next(line for line in done.stdout.splitlines() if line.startswith('{"peaks"'))
+    peaks: list[int] = json.loads(line)["peaks"]
+    return peaks
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="litgpt FSDP2 LoRA (ModelParallelStrategy): estimate 1.05 of the tracked per-rank peak; the litgpt "
+    "profile's logits and loss terms are the open question (see the single-process case)",
+)
+def test_litgpt_fsdp_on_two_cpu_processes_matches_the_estimate() -> None:
+    """``litgpt finetune lora --devices 2``'s strategy: Fabric ModelParallelStrategy with litgpt's
+    ``parallelize_fn`` (FSDP2 ``fully_shard`` per checkpoint-wrapped Block and the root; activation
+    checkpointing on), two CPU processes over gloo."""
+    from litgpt_step import LitgptRun
+
+    peaks = _fsdp_peaks(2, 128)
+    assert len(peaks) == 2 and peaks[0] == peaks[1]
+    workload = LitgptRun(batch=2, seq=128).workload() | {"parallel": {"gpus": 2, "shard": "fsdp"}, "recompute": "full"}
+    estimated = estimate(workload).allocated_bytes - CUBLAS_WORKSPACE_BYTES  # CUDA only
+    assert estimated == pytest.approx(peaks[0], rel=0.03), f"estimate / tracked = {estimated / peaks[0]:.4f}"
