@@ -101,6 +101,11 @@ class FrameworkProfile:
     """QLoRA on a bitsandbytes 4-bit base runs ``peft.prepare_model_for_kbit_training``, which
     casts every fp16/bf16 weight that is not 4-bit (embeddings, norms, LM head, biases) to fp32
     (:mod:`vramlens.estimator.qlora`; sharded QLoRA skips it)."""
+    outputs_fp32: bool = False
+    """The framework hands the loop the model's outputs in fp32 whatever the precision: Lightning
+    Fabric's precision plugins (``HalfPrecision``/``MixedPrecision.convert_output`` cast every
+    floating output to ``torch.get_default_dtype()``, lightning/fabric/plugins/precision/half.py),
+    so the loss reads fp32 logits (:mod:`vramlens.estimator.loss_outputs`)."""
     bnb_embeddings_32bit: bool = False
     """Under a bitsandbytes 8-bit optimizer, ``nn.Embedding`` weights keep 32-bit state (two fp32
     moments): transformers' ``Trainer.create_optimizer`` registers ``{"optim_bits": 32}`` for each
@@ -226,10 +231,13 @@ FRAMEWORKS: dict[Framework, FrameworkProfile] = {
         mixed=MixedStyle.AUTOCAST,
         chunked_loss_positions=128,
         compiles_loss=False,
-        keeps_logits=False,
+        keeps_logits=True,
+        outputs_fp32=True,
         adapters_fp32=False,
         source="litgpt finetune scripts: model(..., lm_head_chunk_size=128) and utils.chunked_cross_entropy over "
-        "those 128-position chunks; torch AdamW defaults to foreach on CUDA",
+        "those 128-position chunks; the fit loop's `logits` list stays alive through fabric.backward(loss) "
+        "(litgpt/finetune/lora.py fit); Fabric's precision plugin returns the outputs in fp32 "
+        "(HalfPrecision.convert_output); torch AdamW defaults to foreach on CUDA",
     ),
     Framework.MEGATRON: FrameworkProfile(
         name=Framework.MEGATRON,
