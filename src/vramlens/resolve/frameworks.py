@@ -134,7 +134,8 @@ FRAMEWORKS: dict[Framework, FrameworkProfile] = {
         "ForCausalLMLoss upcasts logits to fp32; LlamaRMSNorm computes in fp32; PEFT autocast_adapter_dtype=True; "
         "FSDP: fsdp_config version 2 by default (TrainingArguments), accelerate 1.15 fsdp2_prepare_model units; "
         "QLoRA: peft.prepare_model_for_kbit_training as in PEFT's and transformers' QLoRA guides, the QLoRA "
-        "paper's qlora.py and TRL's SFTTrainer up to 0.26 (not under FSDP/ZeRO-3; TRL 0.27+ skips it)",
+        "paper's qlora.py and TRL's SFTTrainer up to 0.26 (not under FSDP/ZeRO-3; TRL 0.27+ skips it); "
+        "bitsandbytes 8-bit optimizers: Trainer.create_optimizer gives nn.Embedding weights 32-bit state",
     ),
     Framework.TRL: FrameworkProfile(
         name=Framework.TRL,
