@@ -11,6 +11,13 @@ from typing import Any
 
 from hf_step import TINY_LLAMA
 
+#: ``TrainingArguments.optim`` names of bitsandbytes' optimizers, as workload ``optimizer`` values.
+OPTIMIZERS = {
+    "paged_adamw_32bit": "paged-adamw",
+    "paged_adamw_8bit": "paged-adamw-8bit",
+    "adamw_bnb_8bit": "adamw-8bit",
+}
+
 
 @dataclass(frozen=True, kw_only=True)
 class TrainerRun:
@@ -21,6 +28,8 @@ class TrainerRun:
     gradient_checkpointing: bool = False
     batch: int = 4
     seq: int = 128
+    optim: str = "adamw_torch_fused"
+    """``TrainingArguments.optim`` (its default, or a bitsandbytes one: :data:`OPTIMIZERS`)."""
 
     def workload(self) -> dict[str, Any]:
         from vramlens.model.resolve import model_from_config
@@ -37,6 +46,8 @@ class TrainerRun:
         }
         if self.method == "lora":
             workload["lora"] = {"rank": 8, "alpha": 16, "targets": list(self.targets)}
+        if self.optim in OPTIMIZERS:
+            workload["optimizer"] = OPTIMIZERS[self.optim]
         return workload
 
 
@@ -84,6 +95,7 @@ def measure_trainer(run: TrainerRun) -> int:
             logging_strategy="no",
             dataloader_num_workers=0,
             learning_rate=1e-4,
+            optim=run.optim,
         )
         trainer = transformers.Trainer(model=model, args=args, train_dataset=rows)
         tracker = StorageTracker()

@@ -5,10 +5,12 @@ State sizes (bytes per trainable element):
 * ``adamw``: two moments in the parameter dtype (torch.optim.AdamW creates them
   with ``zeros_like(param)``).
 * ``adamw-8bit`` / ``paged-adamw-8bit`` (bitsandbytes): two 8-bit moments plus one
-  fp32 absmax per 256-element block each: ``2 * (1 + 4/256)``; tensors under 4096
-  elements keep fp32 moments (bnb ``min_8bit_size``), ignored here (norms, biases).
-* ``paged-*``: the same bytes, allocated in CUDA unified memory outside PyTorch's
-  allocator: visible to nvidia-smi (device level) but not to max_memory_allocated.
+  fp32 absmax per 256-element block each: ``2 * (1 + 4/256)``; where the layout knows each
+  tensor's size the state is counted per tensor instead (:mod:`vramlens.estimator.paged`: fp32
+  moments under bnb's ``min_8bit_size`` = 4096 elements, Trainer's 32-bit embeddings).
+* ``paged-*``: the same bytes; the buffers of tensors of at least 1e5 elements are allocated in
+  CUDA unified memory outside PyTorch's allocator: visible to nvidia-smi (device level) but not
+  to max_memory_allocated; smaller ones stay in the allocator (:mod:`vramlens.estimator.paged`).
 * ``adafactor`` (transformers, beta1=None): factored second moment, ``rows + cols``
   per matrix, ~0 bytes per element for large matrices; counted as 0, with step
   temporaries in fp32 of the largest tensor: the squared gradient and the update

@@ -17,6 +17,11 @@ TRL's ``SFTTrainer`` (up to 0.26, unsharded) loads the base with ``load_in_4bit`
   bf16 autocast cast); standard LoRA layers cast to the adapter dtype, a copy per adapter.
 * Under autocast the fp32 LM head's bf16 weight copy is made per call (autocast caches casts
   of leaves that require grad only) and kept by the matmul for the input gradient.
+* The preparation casts one parameter at a time (``param.data = param.data.to(torch.float32)``),
+  so while it casts a weight the loaded (bf16/fp16) tensor and its fp32 copy are both alive:
+  the load's high point is every weight already in its final dtype plus the largest
+  unquantized weight in the loaded dtype (:func:`prepare_cast_bytes`). With a short sequence
+  that is above the training step's peak (the loaded vocabulary table beside everything else).
 * TRL skips the preparation for sharded QLoRA ("one should never call ...
   prepare_model_for_kbit_training when doing QLoRA + FSDP / DS-Zero3", trl#1416), whose
   4-bit weights are stored as bf16 (``bnb_4bit_quant_storage``), and TRL 0.27+ (trl#4577)
@@ -43,6 +48,7 @@ __all__ = [
     "base_output_bytes",
     "dequantized_bytes",
     "head_weight_cast_bytes",
+    "prepare_cast_bytes",
     "unquantized_bytes",
     "with_head_weight_cast",
 ]
@@ -101,3 +107,22 @@ def head_weight_cast_bytes(ctx: TrainingContext, vocab: int) -> int:
     if not (ctx.autocast and kbit_prepared(ctx.workload, ctx.profile)):
         return 0
     return vocab * ctx.spec.hidden_size * ctx.compute_bytes
+
+
+def prepare_cast_bytes(ctx: TrainingContext) -> int:
+    """Bytes of the largest weight ``prepare_model_for_kbit_training`` casts to fp32, in the dtype
+    it was loaded in: alive beside its fp32 copy during the cast (``param.data =
+    param.data.to(torch.float32)``, one parameter at a time, peft/utils/other.py). The largest
+    unquantized weight is the vocabulary table (embedding or LM head, ``vocab / tp x hidden``) or,
+    on a MoE model, one fused 3-D expert tensor (transformers 5's ``gate_up_proj``, ``experts / ep x
+    2 x expert intermediate x hidden``; bitsandbytes converts ``nn.Linear`` only). 0 without the
+    preparation or when the weights were loaded in fp32 (the loaded dtype: :func:`dequantized_bytes`)."""
+    loaded = dequantized_bytes(ctx)
+    if not kbit_prepared(ctx.workload, ctx.profile) or loaded >= FP32:
+        return 0
+    spec, parallel = ctx.spec, ctx.workload.parallel
+    largest = spec.vocab_size // parallel.tp * spec.hidden_size
+    if spec.moe is not None:
+        experts = spec.moe.num_experts // parallel.ep * 2 * spec.moe.expert_intermediate_size * spec.hidden_size
+        largest = max(largest, experts // parallel.tp)
+    return largest * loaded

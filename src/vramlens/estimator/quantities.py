@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from vramlens.categories import Category
+from vramlens.estimator.autocast_casts import autocast_casts
 from vramlens.estimator.fsdp import Unsharded, fsdp_memory
 from vramlens.estimator.hook_step import hook_step
 from vramlens.estimator.layout import EMBED_NAMES, StageView, effective_quant, micro_batches_in_flight
@@ -18,6 +19,7 @@ from vramlens.estimator.memo_keys import SizeFreeInputs
 from vramlens.estimator.offload import gradient_buffers
 from vramlens.estimator.optimizers import OptimizerModel, optimizer_model
 from vramlens.estimator.outside_layers import final_norm_per_token, rotary_buffer_bytes, rotary_per_token
+from vramlens.estimator.paged import add_bnb_state
 from vramlens.estimator.qlora import dequantized_bytes
 from vramlens.estimator.recompute import LayerActivations, eager_attention_working, layer_activations, train_state
 from vramlens.estimator.ring_attention import ring_backward_bytes
@@ -25,7 +27,6 @@ from vramlens.estimator.stage_memory import WHOLE_STEP, Formula, StageMemory, Su
 from vramlens.estimator.trl_head import head_input_per_token
 from vramlens.model.modules import layer_linears
 from vramlens.resolve.context import TrainingContext
-from vramlens.resolve.derived import checkpointed_layers
 from vramlens.units import format_bytes
 from vramlens.workload.options import Method, Offload, PipelineSchedule, Quant, Recompute, Shard
 
@@ -64,9 +65,10 @@ def _weights_and_state(ctx: TrainingContext, mem: StageMemory) -> None:
         state = optimizer.state_bytes(group.elements, group.state_bytes)
         master = group.elements * group.master_bytes
         if not on_cpu_state:
-            if optimizer.paged:
-                mem.paged_states_bytes += int(state / d_state)
-            else:
+            bnb = bool(optimizer.paged or optimizer.fixed_state_bytes) and add_bnb_state(
+                ctx, mem, group, optimizer, d_state
+            )
+            if not bnb:
                 mem.add(
                     f"optimizer state ({group.name})",
                     Category.OPTIMIZER_STATE,
@@ -195,23 +197,6 @@ def _activations(ctx: TrainingContext, mem: StageMemory, acts: LayerActivations)
         mem.notes.append("pp_schedule interleaved-1f1b: two model chunks per rank assumed")
 
 
-def _casts(ctx: TrainingContext, mem: StageMemory) -> None:
-    """Autocast weight copies (full fine-tuning of fp32 weights under autocast)."""
-    stage, a, spec = mem.stage, ctx.compute_bytes, ctx.spec
-    if ctx.autocast and ctx.full:
-        linear = stage.trainable_elements - stage.layers * spec.norms_per_layer * spec.hidden_size
-        mem.add(
-            "autocast bf16 weight copies (autocast cache, until the forward ends)",
-            Category.TEMPORARY,
-            linear * a,
-            lambda: f"{linear:,} weights x {a} B",
-            into="casts_bytes",
-            alive="the forward (autocast cache)",
-        )
-        mem.casts_backward_bytes = _casts_in_backward(ctx, mem.casts_bytes, stage.layers)
-        mem.formulas["casts_backward_bytes"] = _casts_backward_formula(ctx, stage.layers)
-
-
 def _unsharded(ctx: TrainingContext, mem: StageMemory) -> None:
     """Parameter sharding's unsharded memory, instant by instant (pipeline parallelism keeps the stage gathered)."""
     parallel = ctx.workload.parallel
@@ -292,27 +277,6 @@ def _adapter_transients(ctx: TrainingContext, targets: frozenset[str], inner: in
     return (2 * d + ctx.compute_bytes) * inner, d * inner
 
 
-def _casts_in_backward(ctx: TrainingContext, casts: int, layers: int) -> int:
-    """Autocast weight casts alive in backward: those saved by layers that were not
-    checkpointed (the cache itself is cleared when the forward's autocast region exits),
-    plus one recomputed layer's casts."""
-    if ctx.workload.recompute is Recompute.NONE or layers == 0:
-        return casts
-    if ctx.workload.recompute is Recompute.FULL:
-        kept = layers - checkpointed_layers(ctx.workload, layers)
-        return int(casts * (kept + 1) / layers)
-    return int(casts / layers)
-
-
-def _casts_backward_formula(ctx: TrainingContext, layers: int) -> str:
-    if ctx.workload.recompute is Recompute.NONE or layers == 0:
-        return "every layer's autocast weight copies (saved for backward)"
-    if ctx.workload.recompute is Recompute.FULL:
-        every = ctx.workload.recompute_every
-        return f"copies x (layers not checkpointed {layers} - ceil({layers} / {every}) + one recomputed) / {layers}"
-    return f"one recomputed layer's copies: copies / {layers}"
-
-
 def _pipeline_unsharded(ctx: TrainingContext, mem: StageMemory) -> None:
     """FSDP under pipeline parallelism keeps the stage unsharded for the whole step.
 
@@ -379,7 +343,7 @@ def _optimizer_temporaries(ctx: TrainingContext, mem: StageMemory) -> None:
 def _static_transients(ctx: TrainingContext, mem: StageMemory) -> None:
     """The short-lived memory that depends on the model and the parallelism only: autocast casts,
     gathered shards, a dequantized weight, the optimizer step's temporaries."""
-    _casts(ctx, mem)
+    autocast_casts(ctx, mem)
     _unsharded(ctx, mem)
     _dequantized(ctx, mem)
     _optimizer_temporaries(ctx, mem)

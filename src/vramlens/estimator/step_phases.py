@@ -10,6 +10,7 @@ See :mod:`vramlens.estimator.training` for the instants.
 from __future__ import annotations
 
 from vramlens.categories import Category
+from vramlens.estimator.qlora import prepare_cast_bytes
 from vramlens.estimator.runtime import CUBLAS_FORMULA, CUBLAS_WORKSPACE_BYTES
 from vramlens.estimator.stage_memory import Formula, StageMemory, Summed
 from vramlens.resolve.context import TrainingContext
@@ -319,9 +320,36 @@ def _optimizer(mem: StageMemory) -> PhaseMemory:
     )
 
 
+def _load(ctx: TrainingContext, mem: StageMemory) -> PhaseMemory | None:
+    """QLoRA's load (before the first step), when ``prepare_model_for_kbit_training`` runs: the
+    frozen weights in their final dtypes beside the loaded copy of the weight being cast to fp32
+    (:func:`vramlens.estimator.qlora.prepare_cast_bytes`); no adapters, states or workspace yet."""
+    cast = prepare_cast_bytes(ctx)
+    if not cast:
+        return None
+    instant = _Instant(mem, "inside prepare_model_for_kbit_training")
+    instant.add(
+        "frozen weights (after the k-bit preparation)",
+        _C.PARAMETERS,
+        int(mem.stage.frozen_bytes),
+        "4-bit linears and their quantization states + every unquantized weight in fp32 (no adapters yet)",
+    )
+    instant.add(
+        "the loaded copy of the weight being cast to fp32 (prepare_model_for_kbit_training)",
+        _C.TEMPORARY,
+        cast,
+        "the largest unquantized weight (vocabulary table or fused experts) in the loaded dtype",
+    )
+    return PhaseMemory.of_terms(
+        "load", "load: prepare_model_for_kbit_training casting the largest weight", instant.terms
+    )
+
+
 def training_phases(ctx: TrainingContext, mem: StageMemory) -> list[PhaseMemory]:
-    """The phases of one step on one stage."""
-    phases = [_forward(ctx, mem), _backward(ctx, mem)]
+    """The phases of one step on one stage (QLoRA with k-bit preparation: the load before them)."""
+    load = _load(ctx, mem)
+    phases = [] if load is None else [load]
+    phases += [_forward(ctx, mem), _backward(ctx, mem)]
     if not ctx.in_backward_step:
         phases.append(_optimizer(mem))
     return phases

@@ -107,6 +107,15 @@ class FrameworkProfile:
     """QLoRA on a bitsandbytes 4-bit base runs ``peft.prepare_model_for_kbit_training``, which
     casts every fp16/bf16 weight that is not 4-bit (embeddings, norms, LM head, biases) to fp32
     (:mod:`vramlens.estimator.qlora`; sharded QLoRA skips it)."""
+    outputs_fp32: bool = False
+    """The framework hands the loop the model's outputs in fp32 whatever the precision: Lightning
+    Fabric's precision plugins (``HalfPrecision``/``MixedPrecision.convert_output`` cast every
+    floating output to ``torch.get_default_dtype()``, lightning/fabric/plugins/precision/half.py),
+    so the loss reads fp32 logits (:mod:`vramlens.estimator.loss_outputs`)."""
+    bnb_embeddings_32bit: bool = False
+    """Under a bitsandbytes 8-bit optimizer, ``nn.Embedding`` weights keep 32-bit state (two fp32
+    moments): transformers' ``Trainer.create_optimizer`` registers ``{"optim_bits": 32}`` for each
+    (:mod:`vramlens.estimator.paged`)."""
     source: str
 
 
@@ -126,11 +135,13 @@ FRAMEWORKS: dict[Framework, FrameworkProfile] = {
         fsdp_wrap=FsdpWrap.SPLIT,
         loss_in_model=True,
         kbit_prepare=True,
+        bnb_embeddings_32bit=True,
         source="transformers 5.x TrainingArguments.optim default 'adamw_torch_fused' (torch>=2.8); "
         "ForCausalLMLoss upcasts logits to fp32; LlamaRMSNorm computes in fp32; PEFT autocast_adapter_dtype=True; "
         "FSDP: fsdp_config version 2 by default (TrainingArguments), accelerate 1.15 fsdp2_prepare_model units; "
         "QLoRA: peft.prepare_model_for_kbit_training as in PEFT's and transformers' QLoRA guides, the QLoRA "
-        "paper's qlora.py and TRL's SFTTrainer up to 0.26 (not under FSDP/ZeRO-3; TRL 0.27+ skips it)",
+        "paper's qlora.py and TRL's SFTTrainer up to 0.26 (not under FSDP/ZeRO-3; TRL 0.27+ skips it); "
+        "bitsandbytes 8-bit optimizers: Trainer.create_optimizer gives nn.Embedding weights 32-bit state",
     ),
     Framework.TRL: FrameworkProfile(
         name=Framework.TRL,
@@ -147,6 +158,7 @@ FRAMEWORKS: dict[Framework, FrameworkProfile] = {
         fsdp_wrap=FsdpWrap.SPLIT,
         loss_in_model=True,
         kbit_prepare=False,
+        bnb_embeddings_32bit=True,
         source="TRL 1.16: SFTTrainer and DPOTrainer call add_fused_lm_head (trl/trainer/utils.py), so the loss "
         "is -log_probs from ChunkedLogProbFunction (trl/kernels/chunked_logprob.py; 4096 x 32768 tiles, the "
         "entropy and is_top1 metrics computed in the same pass; use_liger_kernel no longer fuses the loss) and "
@@ -229,10 +241,13 @@ FRAMEWORKS: dict[Framework, FrameworkProfile] = {
         mixed=MixedStyle.AUTOCAST,
         chunked_loss_positions=128,
         compiles_loss=False,
-        keeps_logits=False,
+        keeps_logits=True,
+        outputs_fp32=True,
         adapters_fp32=False,
         source="litgpt finetune scripts: model(..., lm_head_chunk_size=128) and utils.chunked_cross_entropy over "
-        "those 128-position chunks; torch AdamW defaults to foreach on CUDA",
+        "those 128-position chunks; the fit loop's `logits` list stays alive through fabric.backward(loss) "
+        "(litgpt/finetune/lora.py fit); Fabric's precision plugin returns the outputs in fp32 "
+        "(HalfPrecision.convert_output); torch AdamW defaults to foreach on CUDA",
     ),
     Framework.MEGATRON: FrameworkProfile(
         name=Framework.MEGATRON,
