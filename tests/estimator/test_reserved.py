@@ -32,6 +32,7 @@ from vramlens.estimator.reserved import (
     generation_slack,
     layer_churn,
     replayed_slack,
+    replays_whole_step,
     training_loss_script,
     training_slack,
 )
@@ -46,6 +47,7 @@ WORKLOADS = {
     "full bf16": {"model": "qwen2.5-0.5b", "precision": "bf16", "batch": 1, "seq": 1024},
     "lora mixed": {"model": "llama-3.2-1b", "method": "lora", "batch": 2, "seq": 2048},
     "full fsdp": {"model": "llama-3.2-1b", "batch": 2, "seq": 2048, "parallel": {"gpus": 8, "shard": "fsdp"}},
+    "full ddp": {"model": "qwen2.5-0.5b", "precision": "bf16", "batch": 1, "seq": 1024, "parallel": {"gpus": 2, "shard": "ddp"}},
 }
 
 
@@ -64,7 +66,7 @@ def test_slack_is_the_replayed_vocabulary_part_plus_the_fitted_layer_part(name: 
     settings = AllocatorSettings()
     slack = training_slack(ctx, mem, targets, settings)
     shape = step_shape(ctx, mem, targets, layers=False)
-    if shape.gather_copy_out:  # FSDP2: the whole step replayed, every layer (its streams' pools add up)
+    if shape.gather_copy_out or replays_whole_step(ctx):  # FSDP2 or one GPU: the whole step replayed, every layer
         whole = step_shape(ctx, mem, targets)
         replayed = replayed_slack(whole, training_loss_script(ctx, mem), layers=whole.layers, micro_steps=1,
                                   settings=settings)  # fmt: skip

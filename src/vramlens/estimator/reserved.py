@@ -51,6 +51,7 @@ __all__ = [
     "TrainingSlack",
     "layer_churn",
     "replayed_slack",
+    "replays_whole_step",
     "training_loss_script",
     "training_slack",
 ]
@@ -194,7 +195,7 @@ def training_slack(
     churn = layer_churn(mem)
     spread = int(LAYER_SLACK_SPREAD[key] * sum(churn))
     edges = step_shape(ctx, mem, targets, layers=False)
-    if edges.gather_copy_out:
+    if edges.gather_copy_out or replays_whole_step(ctx):
         whole = _step_slack(step_shape(ctx, mem, targets), loss, micro_steps, settings)
         return TrainingSlack(vocabulary_bytes=0, layers_bytes=whole, spread_bytes=spread, replayed=True)
     vocabulary = _vocabulary_slack(edges, loss, micro_steps, settings)
@@ -203,6 +204,14 @@ def training_slack(
         layers_bytes=int(sum(f * c for f, c in zip(LAYER_SLACK_FRACTION[key], churn, strict=True))),
         spread_bytes=spread,
     )
+
+
+def replays_whole_step(ctx: TrainingContext) -> bool:
+    """The whole step is replayed, every layer, on one GPU (a model vramlens describes layer by
+    layer, not a generic module): the layers' requests are written from the estimator's own
+    terms (:mod:`vramlens.estimator.step_shape`) and checked against the simulator's replay of the
+    real code's timeline (``tests/simulator/test_agreement.py``)."""
+    return ctx.workload.parallel.gpus == 1 and ctx.spec.generic is None
 
 
 def generation_spread(kv_bytes: int, settings: AllocatorSettings) -> int:

@@ -8,7 +8,9 @@ Order follows an eager PyTorch step (transformers' modules, ``loss.backward()``,
 * forward, layer by layer: the gathered unit (sharded parameters), autocast weight copies, the
   saved activations, the layer's transient working set, the next hidden state; then the final
   norm's output, the head's weight copy and the loss (:mod:`vramlens.estimator.loss_pattern`);
-* backward, layers in reverse: the recomputed layer (checkpointing), the gradient working set,
+* backward, layers in reverse (a trained embedding tied to the head: autograd holds the head's
+  gradient contribution from the head's backward to the embedding's, where it is summed with the
+  embedding's own into a new tensor, the gradient): the recomputed layer (checkpointing), the gradient working set,
   the layer's gradients (stepped and freed at once with an optimizer in backward), then its saved
   tensors and weight copies are freed; the embedding's gradient last;
 * optimizer step: the moments (created by the first step), the step's temporaries (foreach: one
@@ -68,7 +70,11 @@ class _Writer:
         self.accumulated: dict[int, list[int]] = {}  # FSDP2 without sync: unsharded gradients by unit
 
     def _kind(self, layer: int) -> int:
-        return layer % len(self.shape.saved)
+        return layer % len(self.shape.layer_trained)
+
+    def _saved(self, layer: int) -> tuple[int, ...]:
+        s = self.shape
+        return s.saved[s.saved_kind[layer]] if layer < len(s.saved_kind) else s.saved[layer % len(s.saved)]
 
     def trained_tensors(self) -> list[int]:
         """Elements of every trained tensor in the model's parameter order, which is the optimizer's:
@@ -164,9 +170,9 @@ class _Writer:
                 params = self._unshard(s.gather_layer, s.unsharded_layer[self._kind(i)])
             else:
                 gathered.append(p.alloc(s.gather_layer, Stream.ALL_GATHER))
-            working = [p.alloc(piece) for piece in _pieces(s.forward_working, s.hidden)]
             casts = [p.alloc(c) for c in s.casts]
-            layer = [p.alloc(nbytes) for nbytes in s.saved[self._kind(i)]]
+            layer = [p.alloc(nbytes) for nbytes in self._saved(i)]
+            working = [p.alloc(piece) for piece in _pieces(s.forward_working, s.widths or (s.hidden,))]
             p.temporary(s.dequant)
             p.free_all(working)
             new_hidden = p.alloc(s.hidden)
@@ -222,6 +228,7 @@ class _Writer:
         head_grad = -1
         if copy_out and grads and (s.head_trained or (s.tied and s.embedding_trained)):
             head_grad = p.alloc(s.edge_trained[-1] * s.unsharded_bytes)  # the head's unsharded gradient
+        tied = p.alloc(s.edge_trained[0] * s.grad_bytes // s.grads_sharded) if s.tied_grads else -1
         dhidden = p.alloc(s.hidden)
         if grads and s.head_trained and not copy_out:
             self._grad(s.edge_trained[-1])
@@ -242,7 +249,7 @@ class _Writer:
                 gathered = [p.alloc(s.gather_layer, Stream.ALL_GATHER), p.alloc(s.gather_layer_grads)]
                 unsharded = []
             recomputed = [p.alloc(nbytes) for nbytes in s.recomputed]
-            working = [p.alloc(piece) for piece in _pieces(s.working, s.hidden)]
+            working = [p.alloc(piece) for piece in _pieces(s.working, s.widths or (s.hidden,))]
             p.temporary(s.dequant)
             if grads and copy_out:
                 p.free_all(gathered)  # resharded after backward, before the reduce
@@ -259,6 +266,13 @@ class _Writer:
             p.free_all(gathered)
         if copy_out:
             self._edges_backward(grads, head_grad)
+        elif s.tied_grads:  # the embedding's contribution, summed out of place with the head's held one
+            own = p.alloc(s.edge_trained[0] * s.grad_bytes // s.grads_sharded)
+            if grads:
+                self._grad(s.edge_trained[0])
+            else:
+                p.temporary(s.edge_trained[0] * s.grad_bytes // s.grads_sharded)
+            p.free_all([tied, own])
         elif grads and s.embedding_trained:
             self._grad(s.edge_trained[0])
         for name in list(out.names):
@@ -315,13 +329,24 @@ class _Writer:
         p.free_all(self.grads)
 
 
-def _pieces(total: int, piece: int) -> list[int]:
-    """``total`` bytes of a working set as tensors of at most ``piece`` bytes (a hidden state):
-    intermediates are created and freed among the layer's other tensors, not as one block."""
-    if total <= 0 or piece <= 0:
+def _pieces(total: int, widths: tuple[int, ...]) -> list[int]:
+    """``total`` bytes of a working set as the layer's natural tensors (``widths``, largest first):
+    greedily the largest that still fits, the rest as one tensor; a set over eight of the largest
+    (attention scores) as equal tensors of about that size. Intermediates are created and freed
+    among the layer's other tensors, not as one block."""
+    if total <= 0:
         return []
-    count = -(-total // piece)
-    return [total // count] * count
+    largest = max(widths[0], 1)
+    if total > 8 * largest:
+        count = -(-total // largest)
+        return [total // count] * count
+    found: list[int] = []
+    rest = total
+    for width in widths:
+        while width > 0 and rest >= width:
+            found.append(width)
+            rest -= width
+    return [*found, rest] if rest > 0 else found
 
 
 def step_pattern(shape: StepShape, loss: LossScript, *, layers: int, micro_steps: int = 1) -> Pattern:
