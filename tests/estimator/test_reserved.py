@@ -120,7 +120,7 @@ def test_a_freed_block_too_small_for_the_next_request_by_hand() -> None:
     ctx, mem, targets = _parts(WORKLOADS["full bf16"])
     shape = step_shape(ctx, mem, targets)
     empty = shape.__class__(**{**{f: getattr(shape, f) for f in shape.__slots__}, "edge_params": (), "edge_trained": (),
-                               "embedding_trained": False, "head_trained": False, "head_cast": 0, "non_layer": 0,
+                               "embedding_trained": False, "head_trained": False, "tied_grads": False, "head_cast": 0, "non_layer": 0,
                                "inputs": 0, "hidden": 0})  # fmt: skip
     loss = LossScript(forward=(("+", "a", 100 * MiB), ("-", "a", 0), ("+", "b", 120 * MiB)), backward=(("-", "b", 0),))
     peaks = pattern_peaks(step_pattern(empty, loss, layers=0))
