@@ -72,6 +72,7 @@ ALLOWED = frozenset(
         "vramlens.estimator.reserved",
         "vramlens.estimator.runtime",
         "vramlens.estimator.saved_parts",
+        "vramlens.estimator.step_layers",
         "vramlens.estimator.step_pattern",
         "vramlens.estimator.step_shape",
         "vramlens.estimator.training_cache",

@@ -47,7 +47,13 @@ WORKLOADS = {
     "full bf16": {"model": "qwen2.5-0.5b", "precision": "bf16", "batch": 1, "seq": 1024},
     "lora mixed": {"model": "llama-3.2-1b", "method": "lora", "batch": 2, "seq": 2048},
     "full fsdp": {"model": "llama-3.2-1b", "batch": 2, "seq": 2048, "parallel": {"gpus": 8, "shard": "fsdp"}},
-    "full ddp": {"model": "qwen2.5-0.5b", "precision": "bf16", "batch": 1, "seq": 1024, "parallel": {"gpus": 2, "shard": "ddp"}},
+    "full ddp": {
+        "model": "qwen2.5-0.5b",
+        "precision": "bf16",
+        "batch": 1,
+        "seq": 1024,
+        "parallel": {"gpus": 2, "shard": "ddp"},
+    },
 }
 
 

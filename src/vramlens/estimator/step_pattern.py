@@ -72,9 +72,34 @@ class _Writer:
     def _kind(self, layer: int) -> int:
         return layer % len(self.shape.layer_trained)
 
-    def _saved(self, layer: int) -> tuple[int, ...]:
-        s = self.shape
-        return s.saved[s.saved_kind[layer]] if layer < len(s.saved_kind) else s.saved[layer % len(s.saved)]
+    def _layer_forward(self, layer: int) -> tuple[list[int], int]:
+        """A layer's saved tensors, with PEFT's adapter sums where they happen: the base output
+        (``result = base(x)``) before the adapter's input copy; after its ``lora_A`` output the
+        ``lora_B`` output, its scaled copy, the promoted sum, the result cast back; returns the
+        keys and the forward working set left for the end of the layer (bytes)."""
+        s, p = self.shape, self.p
+        kind = s.saved_kind[layer] if layer < len(s.saved_kind) else layer % len(s.saved)
+        sums = s.adapter_sums[kind] if kind < len(s.adapter_sums) else ()
+        a, d = s.compute_bytes, s.adapter_bytes
+        bases: dict[int, int] = {}
+        keys: list[int] = []
+        for position, nbytes in enumerate(s.saved[kind]):
+            for number, (start, _, out) in enumerate(sums):
+                if start == position:
+                    bases[number] = p.alloc(out * a)
+            keys.append(p.alloc(nbytes))
+            for number, (_, end, out) in enumerate(sums):
+                if end == position + 1:
+                    made = p.alloc(out * d)
+                    scaled = p.alloc(out * d)
+                    p.free(made)
+                    total = p.alloc(out * d)
+                    p.free(scaled)
+                    p.free(bases.pop(number, -1))
+                    p.temporary(out * a)
+                    p.free(total)
+        largest = max((out * (a + 2 * d) for _, _, out in sums), default=0)
+        return keys, max(0, s.forward_working - largest)
 
     def trained_tensors(self) -> list[int]:
         """Elements of every trained tensor in the model's parameter order, which is the optimizer's:
@@ -171,8 +196,8 @@ class _Writer:
             else:
                 gathered.append(p.alloc(s.gather_layer, Stream.ALL_GATHER))
             casts = [p.alloc(c) for c in s.casts]
-            layer = [p.alloc(nbytes) for nbytes in self._saved(i)]
-            working = [p.alloc(piece) for piece in _pieces(s.forward_working, s.widths or (s.hidden,))]
+            layer, working_bytes = self._layer_forward(i)
+            working = [p.alloc(piece) for piece in _pieces(working_bytes, s.widths or (s.hidden,))]
             p.temporary(s.dequant)
             p.free_all(working)
             new_hidden = p.alloc(s.hidden)

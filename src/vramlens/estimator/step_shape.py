@@ -20,8 +20,7 @@ from vramlens.estimator.fsdp import accumulates_unsharded, resolved_wrap, units
 from vramlens.estimator.layout import EMBED_NAMES, StageView
 from vramlens.estimator.optimizers import optimizer_model
 from vramlens.estimator.quantities import StageMemory
-from vramlens.estimator.recompute import layer_activations, layer_kind, train_state
-from vramlens.estimator.saved_parts import GATHERED, HEADS, SEQUENCE
+from vramlens.estimator.step_layers import Saved, saved_tensors, tensor_widths
 from vramlens.model.modules import layer_linears
 from vramlens.model.params import norm_parameters
 from vramlens.model.spec import LayerKind
@@ -69,6 +68,14 @@ class StepShape:
     """Each activation kind's saved tensors (the recipe's parts as tensors; the layer input under recompute)."""
     saved_kind: tuple[int, ...]
     """The index into ``saved`` of each of the stage's layers (empty: layers cycle through ``saved``)."""
+    adapter_sums: tuple[tuple[tuple[int, int, int], ...], ...]
+    """For each entry of ``saved``: PEFT's adapter sums of each adapted linear in module order, as
+    (its base output is made before saved tensor n, its sum after saved tensor m, out elements x
+    tokens) (empty without LoRA or under recompute)."""
+    compute_bytes: int
+    """Bytes per element of activations (the compute dtype)."""
+    adapter_bytes: int
+    """Bytes per element of an adapter's output (4: fp32 adapters; 2 under autocast or bf16 ones)."""
     recomputed: tuple[int, ...]
     """What one recomputed layer re-creates in backward (empty without recompute)."""
     casts: tuple[int, ...]
@@ -82,7 +89,7 @@ class StepShape:
     """One hidden state of the micro-batch (the residual stream between layers)."""
     widths: tuple[int, ...]
     """The layer's natural activation tensors of the micro-batch, bytes, largest first (the working
-    sets are written as these: :func:`_tensor_widths`)."""
+    sets are written as these: :func:`~vramlens.estimator.step_layers.tensor_widths`)."""
     non_layer: int
     inputs: int
     dequant: int
@@ -184,59 +191,6 @@ def _layer_kinds(ctx: TrainingContext, stage: StageView) -> list[LayerKind]:
     return kinds[:period] or [LayerKind()]
 
 
-def _saved(
-    ctx: TrainingContext, mem: StageMemory, targets: frozenset[str]
-) -> tuple[list[list[int]], tuple[int, ...], list[int]]:
-    """(each activation kind's saved tensors, the kind of each of the stage's layers, one recomputed
-    layer's tensors): the recipe's parts of every layer kind (:func:`layer_kind`) when the layers
-    keep them all; under recompute each layer's share of the saved total as one tensor (the
-    checkpointed input) and the largest kind's parts re-created in its backward. A part that is a
-    family of equal tensors (gate, up and activation outputs; keys and values) is split into them."""
-    stage = mem.stage
-    acts = layer_activations(ctx, train_state(ctx, targets), stage.layer_range)
-    tp = ctx.workload.parallel.tp
-    divisor = {HEADS: tp, SEQUENCE: tp, GATHERED: 1}
-    widths = _tensor_widths(ctx)
-    by_kind = {
-        kind: [t for p in parts for t in _tensors(int(p.bytes_per_token / divisor[p.split] * ctx.tokens), widths)]
-        for kind, parts in acts.parts_by_kind
-    }
-    kinds = list(by_kind)
-    index = tuple(
-        kinds.index(layer_kind(ctx.spec.layers[i], ctx.workload.seq)) if kinds else 0 for i in stage.layer_range
-    )
-    lists = [by_kind[kind] for kind in kinds] or [[]]
-    total = sum(sum(lists[i]) for i in index)
-    if total and abs(total - mem.activations_bytes) <= 0.02 * total:
-        return lists, index, []
-    per_layer = mem.activations_bytes // max(stage.layers, 1)
-    largest = max(lists, key=sum)
-    return [[per_layer] if per_layer else []], (), largest if mem.recompute_bytes else []
-
-
-def _tensor_widths(ctx: TrainingContext) -> tuple[int, ...]:
-    """Bytes of one layer's natural activation tensors of the micro-batch (widths in the compute
-    dtype and in fp32: the MLP intermediate, the queries, the keys or values, the hidden state),
-    largest first."""
-    spec, tp = ctx.spec, ctx.workload.parallel.tp
-    found = {spec.hidden_size, spec.num_heads * spec.head_dim // tp, spec.num_kv_heads * spec.head_dim // tp}
-    if spec.mlp is not None:
-        found.add(spec.mlp.intermediate_size // tp)
-    sizes = {w * b * ctx.tokens for w in found if w for b in {ctx.compute_bytes, 4}}
-    return tuple(sorted(sizes, reverse=True))
-
-
-def _tensors(nbytes: int, widths: tuple[int, ...]) -> list[int]:
-    """A saved part as the tensors it holds: ``k`` equal tensors (1 <= k <= 4) of the largest natural
-    width it is a whole multiple of, else one tensor."""
-    if nbytes <= 0:
-        return []
-    for width in widths:
-        if nbytes % width == 0 and 1 <= nbytes // width <= 4:
-            return [width] * (nbytes // width)
-    return [nbytes]
-
-
 def _trained_edges(ctx: TrainingContext, stage: StageView) -> tuple[bool, bool, tuple[int, ...]]:
     """(embedding trained, head trained, their elements: embedding first)."""
     spec = ctx.spec
@@ -275,7 +229,7 @@ def step_shape(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str], 
     embedding, head, trained_edges = _trained_edges(ctx, stage)
     group = stage.trainable[0] if stage.trainable else None
     a = ctx.compute_bytes
-    saved, saved_kind, recomputed = _saved(ctx, mem, targets) if layers else ([[]], (), [])
+    saved = saved_tensors(ctx, mem, targets) if layers else Saved(lists=[[]], index=(), recomputed=[])
     full_cast = ctx.autocast and ctx.full
     return StepShape(
         layers=stage.layers,
@@ -292,16 +246,19 @@ def step_shape(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str], 
         state_bytes=group.state_bytes if group is not None else ctx.state_bytes,
         master_bytes=ctx.master_bytes,
         **_optimizer_fields(ctx),
-        saved=tuple(tuple(each) for each in saved),
-        saved_kind=saved_kind,
-        recomputed=tuple(recomputed),
+        saved=tuple(tuple(each) for each in saved.lists),
+        saved_kind=saved.index,
+        adapter_sums=tuple(tuple(each) for each in saved.adapters),
+        compute_bytes=a,
+        adapter_bytes=2 if ctx.autocast or not ctx.profile.adapters_fp32 else 4,
+        recomputed=tuple(saved.recomputed),
         casts=tuple(w * a for w in layer_trained[0] if w > spec.hidden_size) if full_cast and layers else (),
         casts_kept=ctx.workload.recompute is Recompute.NONE,
         head_cast=table * a if full_cast and stage.last else 0,
         forward_working=mem.forward_working_bytes,
         working=mem.working_bytes,
         hidden=ctx.tokens * spec.hidden_size * a,
-        widths=_tensor_widths(ctx) if layers else (),
+        widths=tensor_widths(ctx) if layers else (),
         non_layer=mem.non_layer_bytes,
         inputs=mem.inputs_bytes,
         dequant=mem.dequant_bytes,
