@@ -92,11 +92,11 @@ def tensor_widths(ctx: TrainingContext) -> tuple[int, ...]:
 
 
 def _tensors(nbytes: int, widths: tuple[int, ...]) -> list[int]:
-    """A saved part as the tensors it holds: ``k`` equal tensors (1 <= k <= 4) of the largest natural
+    """A saved part as the tensors it holds: ``k`` equal tensors (1 <= k <= 8) of the largest natural
     width it is a whole multiple of, else one tensor."""
     if nbytes <= 0:
         return []
     for width in widths:
-        if nbytes % width == 0 and 1 <= nbytes // width <= 4:
+        if nbytes % width == 0 and 1 <= nbytes // width <= 8:
             return [width] * (nbytes // width)
     return [nbytes]
