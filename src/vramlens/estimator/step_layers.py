@@ -63,7 +63,7 @@ def kind_tensors(
     ``_adapter_transients``), as :attr:`StepShape.adapter_sums` lists them."""
     tp, tokens = ctx.workload.parallel.tp, ctx.tokens
     divisor = {HEADS: tp, SEQUENCE: tp, GATHERED: 1}
-    widths = tensor_widths(ctx)
+    widths, compute = tensor_widths(ctx), tensor_widths(ctx, (ctx.compute_bytes,))
     outs = {s.name: s.out_features // tp for s in layer_linears(ctx.spec, kind) if s.name in targets}
     tensors: list[int] = []
     adapters: list[tuple[int, int, int]] = []
@@ -72,31 +72,35 @@ def kind_tensors(
         name = part.name.removesuffix(" adapter input")
         if name != part.name:
             starts[name] = len(tensors)
-        tensors += _tensors(int(part.bytes_per_token / divisor[part.split] * tokens), widths)
+        tensors += _tensors(int(part.bytes_per_token / divisor[part.split] * tokens), widths, compute)
         name = part.name.removesuffix(" lora_A output")
         if name != part.name and name in outs:
             adapters.append((starts.get(name, len(tensors) - 1), len(tensors), outs[name] * tokens))
     return tensors, adapters
 
 
-def tensor_widths(ctx: TrainingContext) -> tuple[int, ...]:
-    """Bytes of one layer's natural activation tensors of the micro-batch (widths in the compute
-    dtype and in fp32: the MLP intermediate, the queries, the keys or values, the hidden state),
-    largest first."""
+def tensor_widths(ctx: TrainingContext, dtypes: tuple[int, ...] = ()) -> tuple[int, ...]:
+    """Bytes of one layer's natural activation tensors of the micro-batch (the MLP intermediate, the
+    queries, the keys or values, the hidden state; in ``dtypes``, bytes per element, by default the
+    compute dtype and fp32), largest first."""
     spec, tp = ctx.spec, ctx.workload.parallel.tp
     found = {spec.hidden_size, spec.num_heads * spec.head_dim // tp, spec.num_kv_heads * spec.head_dim // tp}
     if spec.mlp is not None:
         found.add(spec.mlp.intermediate_size // tp)
-    sizes = {w * b * ctx.tokens for w in found if w for b in {ctx.compute_bytes, 4}}
+    sizes = {w * b * ctx.tokens for w in found if w for b in dtypes or {ctx.compute_bytes, 4}}
     return tuple(sorted(sizes, reverse=True))
 
 
-def _tensors(nbytes: int, widths: tuple[int, ...]) -> list[int]:
-    """A saved part as the tensors it holds: ``k`` equal tensors (1 <= k <= 8) of the largest natural
-    width it is a whole multiple of, else one tensor."""
+def _tensors(nbytes: int, widths: tuple[int, ...], compute: tuple[int, ...]) -> list[int]:
+    """A saved part as the tensors it holds: one tensor when it is one natural width (``widths``);
+    else ``k`` equal tensors (2 <= k <= 8) of the largest natural width in the compute dtype
+    (``compute``) it is a whole multiple of (a family of activations: gate, up and activation
+    outputs, keys and values), then of any natural width; else one tensor."""
     if nbytes <= 0:
         return []
-    for width in widths:
-        if nbytes % width == 0 and 1 <= nbytes // width <= 8:
+    if nbytes in widths:
+        return [nbytes]
+    for width in (*compute, *widths):
+        if nbytes % width == 0 and 2 <= nbytes // width <= 8:
             return [width] * (nbytes // width)
     return [nbytes]
