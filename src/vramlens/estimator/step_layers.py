@@ -17,6 +17,7 @@ from vramlens.estimator.saved_parts import GATHERED, HEADS, SEQUENCE, Part
 from vramlens.model.modules import layer_linears
 from vramlens.model.spec import LayerKind
 from vramlens.resolve.context import TrainingContext
+from vramlens.workload.options import AttentionImpl
 
 __all__ = ["Saved", "saved_tensors", "tensor_widths"]
 
@@ -81,12 +82,14 @@ def kind_tensors(
 
 def tensor_widths(ctx: TrainingContext, dtypes: tuple[int, ...] = ()) -> tuple[int, ...]:
     """Bytes of one layer's natural activation tensors of the micro-batch (the MLP intermediate, the
-    queries, the keys or values, the hidden state; in ``dtypes``, bytes per element, by default the
+    queries, the keys or values, the hidden state, eager attention's scores; in ``dtypes``, bytes per element, by default the
     compute dtype and fp32), largest first."""
     spec, tp = ctx.spec, ctx.workload.parallel.tp
     found = {spec.hidden_size, spec.num_heads * spec.head_dim // tp, spec.num_kv_heads * spec.head_dim // tp}
     if spec.mlp is not None:
         found.add(spec.mlp.intermediate_size // tp)
+    if ctx.attention is AttentionImpl.EAGER and spec.num_heads:  # eager attention's scores: heads x s x s
+        found.add(spec.num_heads // tp * ctx.workload.seq)
     sizes = {w * b * ctx.tokens for w in found if w for b in dtypes or {ctx.compute_bytes, 4}}
     return tuple(sorted(sizes, reverse=True))
 
