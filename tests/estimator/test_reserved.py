@@ -2,11 +2,13 @@
 
 What is checked, and where the expected numbers come from:
 
-* the vocabulary part is the replay of the step pattern without decoder layers
-  (``step_pattern(layers=0)``) through ``vramlens.allocator``, less the layers' gradients
-  (which are allocated during backward and can take the stranded blocks);
-* the layers' part is ``LAYER_SLACK_FRACTION`` x each kind of churn (``layer_churn``), the fitted
-  table of ``benchmarks/allocator_fit.py``; its margin ``LAYER_SLACK_SPREAD`` x the churn;
+* on one GPU and with FSDP2 the slack is the replay of the whole step pattern, every layer;
+* otherwise (DDP here) the vocabulary part is the replay of the step pattern without decoder
+  layers (``step_pattern(layers=0)``) through ``vramlens.allocator``, less the layers' gradients
+  (which are allocated during backward and can take the stranded blocks), and the layers' part is
+  ``LAYER_SLACK_FRACTION`` x each kind of churn (``layer_churn``), the fitted table of
+  ``benchmarks/allocator_fit.py``; the margin is ``LAYER_SLACK_SPREAD`` x the churn in every case;
+* the step pattern writes each layer's saved tensors from the recipe's parts (by hand below);
 * expandable segments, which map pages into one growing range instead of stranding freed
   segments, never raise the slack; ``alloc_conf`` errors are one line naming the key;
 * by hand: a 100 MiB tensor freed before a 120 MiB request strands its segment.
@@ -126,7 +128,7 @@ def test_a_freed_block_too_small_for_the_next_request_by_hand() -> None:
     ctx, mem, targets = _parts(WORKLOADS["full bf16"])
     shape = step_shape(ctx, mem, targets)
     empty = shape.__class__(**{**{f: getattr(shape, f) for f in shape.__slots__}, "edge_params": (), "edge_trained": (),
-                               "embedding_trained": False, "head_trained": False, "tied_grads": False, "head_cast": 0, "non_layer": 0,
+                               "embedding_trained": False, "head_trained": False, "tied_grads": False, "extra_trained": (), "head_cast": 0, "non_layer": 0,
                                "inputs": 0, "hidden": 0})  # fmt: skip
     loss = LossScript(forward=(("+", "a", 100 * MiB), ("-", "a", 0), ("+", "b", 120 * MiB)), backward=(("-", "b", 0),))
     peaks = pattern_peaks(step_pattern(empty, loss, layers=0))

@@ -107,7 +107,7 @@ class _Writer:
         s = self.shape
         found = [t for i in range(self.layers) for t in s.layer_trained[self._kind(i)]]
         first = list(s.edge_trained[:1]) if s.embedding_trained else []
-        return first + found + list(s.edge_trained[len(first) :])
+        return first + found + list(s.edge_trained[len(first) :]) + list(s.extra_trained)
 
     def load(self) -> None:
         p, s = self.p, self.shape
@@ -300,6 +300,8 @@ class _Writer:
             p.free_all([tied, own])
         elif grads and s.embedding_trained:
             self._grad(s.edge_trained[0])
+        for elements in s.extra_trained if grads else ():
+            self._grad(elements)
         for name in list(out.names):
             p.free(out.names.pop(name))
         p.free(dhidden)

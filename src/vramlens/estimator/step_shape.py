@@ -48,6 +48,10 @@ class StepShape:
     """Each layer kind's trained tensors in elements (full: the weights; LoRA: A and B per target)."""
     edge_trained: tuple[int, ...]
     """Trained vocabulary matrices in elements: the embedding first, the head last."""
+    extra_trained: tuple[int, ...]
+    """Trained elements neither the layers' lists nor the vocabulary matrices hold (the final norm,
+    a PEFT prompt encoder or other adapters), as one tensor; its gradient is made at the end of the
+    backward (empty with sharded parameters or without layers)."""
     embedding_trained: bool
     head_trained: bool
     tied_grads: bool
@@ -205,6 +209,14 @@ def _trained_edges(ctx: TrainingContext, stage: StageView) -> tuple[bool, bool, 
     return embedding, head, (table,) * (embedding + head)
 
 
+def _extra_trained(stage: StageView, layer_trained: list[tuple[int, ...]], edges: tuple[int, ...]) -> tuple[int, ...]:
+    """The stage's trained elements beyond its layers' trained tensors (layers cycling through the
+    kinds) and the vocabulary matrices, as one tensor (none when nothing is left)."""
+    listed = sum(sum(layer_trained[i % len(layer_trained)]) for i in range(stage.layers)) if layer_trained else 0
+    rest = sum(group.elements for group in stage.trainable) - listed - sum(edges)
+    return (rest,) if rest > 0 else ()
+
+
 def _fsdp_sizes(ctx: TrainingContext, stage: StageView) -> tuple[int, int, int, int, int]:
     """(edge units gathered through the step, one layer unit, its unsharded gradients, the
     embedding's own unit, the tail unit), bytes."""
@@ -237,6 +249,7 @@ def step_shape(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str], 
         layer_params=tuple(layer_params),
         layer_trained=tuple(layer_trained) or ((),),
         edge_trained=trained_edges,
+        extra_trained=_extra_trained(stage, layer_trained, trained_edges) if layers and d_param == 1 else (),
         embedding_trained=embedding,
         head_trained=head,
         tied_grads=embedding and spec.tie_word_embeddings and stage.last and parallel.shard not in _PARAM_SHARDED,

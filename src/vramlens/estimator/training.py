@@ -102,10 +102,20 @@ def _slack_terms(slack: TrainingSlack, mem: StageMemory, alloc_conf: str) -> tup
         Term(
             name="allocator slack: decoder layers' churn (fitted fractions)",
             category=_C.ALLOCATOR_SLACK,
-            bytes=slack.layers_bytes,
+            bytes=0 if slack.replayed else slack.layers_bytes,
             explain=lambda: (
                 f"fitted fractions x churn of saved activations {churn[0]:,} B, backward working sets {churn[1]:,} B, "
                 f"parameter-sized tensors {churn[2]:,} B (reserved.py LAYER_SLACK_FRACTION, {conf})"
+            ),
+            alive="cached blocks, from the first step on",
+        ),
+        Term(
+            name="allocator slack: the whole step (replayed)",
+            category=_C.ALLOCATOR_SLACK,
+            bytes=slack.layers_bytes if slack.replayed else 0,
+            explain=lambda: (
+                f"every request of the step (each layer's saved tensors, working sets, gradients, optimizer state "
+                f"and temporaries, logits and loss) replayed through the caching-allocator model ({conf})"
             ),
             alive="cached blocks, from the first step on",
         ),
@@ -118,7 +128,7 @@ def _reserved_note(slack: TrainingSlack, alloc_conf: str) -> str:
     if slack.replayed:
         return (
             f"reserved: slack {format_bytes(slack.total_bytes)}{conf} = the whole step replayed through the "
-            "caching-allocator model, FSDP's collective buffers in their streams' pools"
+            "caching-allocator model, request by request (FSDP's collective buffers in their streams' pools)"
         )
     return (
         f"reserved: slack {format_bytes(slack.total_bytes)}{conf} = replayed vocabulary tensors "
