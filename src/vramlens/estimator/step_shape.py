@@ -18,7 +18,9 @@ from typing import Any
 from vramlens.allocator.streams import Stream
 from vramlens.estimator.fsdp import accumulates_unsharded, resolved_wrap, units
 from vramlens.estimator.layout import EMBED_NAMES, StageView
+from vramlens.estimator.lora_head import HEAD_NAMES
 from vramlens.estimator.optimizers import optimizer_model
+from vramlens.estimator.qlora import unquantized_bytes
 from vramlens.estimator.quantities import StageMemory
 from vramlens.estimator.step_layers import Saved, saved_tensors, tensor_widths
 from vramlens.model.modules import layer_linears
@@ -209,12 +211,23 @@ def _trained_edges(ctx: TrainingContext, stage: StageView) -> tuple[bool, bool, 
     return embedding, head, (table,) * (embedding + head)
 
 
-def _extra_trained(stage: StageView, layer_trained: list[tuple[int, ...]], edges: tuple[int, ...]) -> tuple[int, ...]:
+def _extra_trained(
+    ctx: TrainingContext,
+    stage: StageView,
+    layer_trained: list[tuple[int, ...]],
+    edges: tuple[int, ...],
+    targets: frozenset[str],
+) -> tuple[int, ...]:
     """The stage's trained elements beyond its layers' trained tensors (layers cycling through the
-    kinds) and the vocabulary matrices, as one tensor (none when nothing is left)."""
+    kinds) and the vocabulary matrices: a LoRA adapter on the head as its A (r x h) and B (V x r)
+    tensors, the rest (final norm, prompt encoders, other adapters) as one tensor."""
+    spec, rank = ctx.spec, ctx.workload.lora.rank
     listed = sum(sum(layer_trained[i % len(layer_trained)]) for i in range(stage.layers)) if layer_trained else 0
     rest = sum(group.elements for group in stage.trainable) - listed - sum(edges)
-    return (rest,) if rest > 0 else ()
+    head = (rank * spec.hidden_size, spec.vocab_size // ctx.workload.parallel.tp * rank)
+    found = head if not ctx.full and stage.last and targets & HEAD_NAMES and rest >= sum(head) else ()
+    rest -= sum(found)
+    return (*found, rest) if rest > 0 else found
 
 
 def _fsdp_sizes(ctx: TrainingContext, stage: StageView) -> tuple[int, int, int, int, int]:
@@ -232,12 +245,12 @@ def step_shape(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str], 
     stage, parallel, spec = mem.stage, ctx.workload.parallel, ctx.spec
     d_param = ctx.shard_group if parallel.shard in _PARAM_SHARDED else 1
     kinds = _kinds(ctx, stage) if layers else []
-    layer_params, layer_trained = _layer_tensors(ctx, stage, targets, kinds, d_param)
     table = spec.vocab_size * spec.hidden_size // parallel.tp
     edges = [table] if stage.first else []
     if stage.last and not (spec.tie_word_embeddings and stage.first):
         edges.append(table)
-    edge_bytes = ctx.param_bytes if ctx.full else ctx.frozen_bytes
+    edge_bytes = ctx.param_bytes if ctx.full else unquantized_bytes(ctx)
+    layer_params, layer_trained = _layer_tensors(ctx, stage, targets, kinds, d_param, sum(edges) * edge_bytes)
     embedding, head, trained_edges = _trained_edges(ctx, stage)
     group = stage.trainable[0] if stage.trainable else None
     a = ctx.compute_bytes
@@ -249,7 +262,9 @@ def step_shape(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str], 
         layer_params=tuple(layer_params),
         layer_trained=tuple(layer_trained) or ((),),
         edge_trained=trained_edges,
-        extra_trained=_extra_trained(stage, layer_trained, trained_edges) if layers and d_param == 1 else (),
+        extra_trained=_extra_trained(ctx, stage, layer_trained, trained_edges, targets)
+        if layers and d_param == 1
+        else (),
         embedding_trained=embedding,
         head_trained=head,
         tied_grads=embedding and spec.tie_word_embeddings and stage.last and parallel.shard not in _PARAM_SHARDED,
@@ -315,9 +330,16 @@ def _fsdp_fields(
 
 
 def _layer_tensors(
-    ctx: TrainingContext, stage: StageView, targets: frozenset[str], kinds: list[LayerKind], d_param: int
+    ctx: TrainingContext,
+    stage: StageView,
+    targets: frozenset[str],
+    kinds: list[LayerKind],
+    d_param: int,
+    edges_frozen: float,
 ) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
-    """(resident weights in bytes, trained tensors in elements) of each layer kind."""
+    """(resident weights in bytes, trained tensors in elements) of each layer kind; a frozen base's
+    layers share the stage's frozen bytes less the vocabulary matrices' (``edges_frozen``, resident
+    in their own tensors)."""
     layer_params, layer_trained = [], []
     for kind in kinds:
         weights = _layer_weights(ctx, kind, stage.layer_elements)
@@ -325,7 +347,7 @@ def _layer_tensors(
             layer_params.append(tuple(w * ctx.param_bytes // d_param for w in weights))
             layer_trained.append(tuple(weights))
         else:
-            frozen = stage.frozen_bytes / max(stage.layers, 1) / max(sum(weights), 1)
+            frozen = max(0.0, stage.frozen_bytes - edges_frozen) / max(stage.layers, 1) / max(sum(weights), 1)
             layer_params.append(tuple(int(w * frozen) // d_param for w in weights if w))
             layer_trained.append(tuple(_adapters(ctx, kind, targets)))
     return layer_params, layer_trained
