@@ -291,7 +291,18 @@ class _Writer:
             p.free_all(gathered)
         if copy_out:
             self._edges_backward(grads, head_grad)
-        elif s.tied_grads:  # the embedding's contribution, summed out of place with the head's held one
+        else:
+            self._embedding_grads(grads, tied)
+        for name in list(out.names):
+            p.free(out.names.pop(name))
+        p.free(dhidden)
+        p.free_all(out.at_end)
+
+    def _embedding_grads(self, grads: bool, tied: int) -> None:
+        """The end of a backward without FSDP2: the embedding's gradient (tied: its contribution
+        summed out of place with the head's ``tied`` one, which is then freed), then the rest."""
+        p, s = self.p, self.shape
+        if s.tied_grads:
             own = p.alloc(s.edge_trained[0] * s.grad_bytes // s.grads_sharded)
             if grads:
                 self._grad(s.edge_trained[0])
@@ -302,10 +313,6 @@ class _Writer:
             self._grad(s.edge_trained[0])
         for elements in s.extra_trained if grads else ():
             self._grad(elements)
-        for name in list(out.names):
-            p.free(out.names.pop(name))
-        p.free(dhidden)
-        p.free_all(out.at_end)
 
     def _edges_backward(self, grads: bool, head_grad: int) -> None:
         """FSDP2: the embedding's backward (its own unit, prefetched; or the tied tail, kept since
