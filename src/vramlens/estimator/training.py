@@ -70,7 +70,7 @@ def _levels(ctx: TrainingContext, mem: StageMemory, peak: PhaseMemory, targets: 
         runtime_spread=runtime_spread(runtime, len(communicators(workload.parallel))),
         sharded=workload.parallel.shard in (Shard.FSDP, Shard.HSDP, Shard.ZERO3),
     )
-    note = _reserved_note(slack, workload.alloc_conf)
+    note = _reserved_note(slack, workload.alloc_conf, sharded=workload.parallel.shard is not Shard.NONE)
     if eager:
         note += f"; {rule_note(workload.versions, 'lazy_module_loading')}"
     return _Levels(
@@ -123,12 +123,13 @@ def _slack_terms(slack: TrainingSlack, mem: StageMemory, alloc_conf: str) -> tup
     return tuple(term for term in terms if term.bytes)
 
 
-def _reserved_note(slack: TrainingSlack, alloc_conf: str) -> str:
+def _reserved_note(slack: TrainingSlack, alloc_conf: str, *, sharded: bool) -> str:
     conf = f" under {alloc_conf}" if alloc_conf else ""
     if slack.replayed:
+        pools = ", FSDP's collective buffers in their streams' pools" if sharded else ""
         return (
             f"reserved: slack {format_bytes(slack.total_bytes)}{conf} = the whole step replayed through the "
-            "caching-allocator model, request by request (FSDP's collective buffers in their streams' pools)"
+            f"caching-allocator model{pools}"
         )
     return (
         f"reserved: slack {format_bytes(slack.total_bytes)}{conf} = replayed vocabulary tensors "
