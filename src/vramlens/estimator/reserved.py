@@ -42,7 +42,7 @@ from vramlens.estimator.step_pattern import step_pattern
 from vramlens.estimator.step_shape import StepShape, step_shape
 from vramlens.estimator.trl_head import fused_head, fused_head_script
 from vramlens.resolve.context import TrainingContext
-from vramlens.workload.options import Framework, Shard
+from vramlens.workload.options import Framework, Offload, Shard
 
 __all__ = [
     "KV_GROWTH_FRACTION",
@@ -212,11 +212,12 @@ def training_slack(
 
 
 def replays_whole_step(ctx: TrainingContext) -> bool:
-    """The whole step is replayed, every layer, on one GPU (a model vramlens describes layer by
-    layer, not a generic module): the layers' requests are written from the estimator's own
+    """The whole step is replayed, every layer, on one GPU without CPU offload (a model vramlens
+    describes layer by layer, not a generic module): the layers' requests are written from the estimator's own
     terms (:mod:`vramlens.estimator.step_shape`) and checked against the simulator's replay of the
     real code's timeline (``tests/simulator/test_agreement.py``)."""
-    return ctx.workload.parallel.gpus == 1 and ctx.spec.generic is None
+    parallel = ctx.workload.parallel
+    return parallel.gpus == 1 and parallel.offload is Offload.NONE and ctx.spec.generic is None
 
 
 def generation_spread(kv_bytes: int, settings: AllocatorSettings) -> int:

@@ -41,7 +41,19 @@ def saved_tensors(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str
         return Saved(lists=lists, index=index, recomputed=[], adapters=[built[kind][1] for kind in kinds] or [[]])
     per_layer = mem.activations_bytes // max(stage.layers, 1)
     largest = max(lists, key=sum)
+    if mem.recompute_bytes and abs(sum(largest) - mem.recompute_bytes) > 0.02 * mem.recompute_bytes:
+        largest = _greedy(mem.recompute_bytes, tensor_widths(ctx))  # selective: the attention core's share
     return Saved(lists=[[per_layer] if per_layer else []], index=(), recomputed=largest if mem.recompute_bytes else [])
+
+
+def _greedy(total: int, widths: tuple[int, ...]) -> list[int]:
+    """``total`` bytes as the layer's natural tensors, largest first, the rest as one tensor."""
+    found: list[int] = []
+    for width in widths:
+        while width > 0 and total >= width:
+            found.append(width)
+            total -= width
+    return [*found, total] if total > 0 else found
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
