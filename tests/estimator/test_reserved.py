@@ -2,11 +2,13 @@
 
 What is checked, and where the expected numbers come from:
 
-* the vocabulary part is the replay of the step pattern without decoder layers
-  (``step_pattern(layers=0)``) through ``vramlens.allocator``, less the layers' gradients
-  (which are allocated during backward and can take the stranded blocks);
-* the layers' part is ``LAYER_SLACK_FRACTION`` x each kind of churn (``layer_churn``), the fitted
-  table of ``benchmarks/allocator_fit.py``; its margin ``LAYER_SLACK_SPREAD`` x the churn;
+* on one GPU and with FSDP2 the slack is the replay of the whole step pattern, every layer;
+* otherwise (DDP here) the vocabulary part is the replay of the step pattern without decoder
+  layers (``step_pattern(layers=0)``) through ``vramlens.allocator``, less the layers' gradients
+  (which are allocated during backward and can take the stranded blocks), and the layers' part is
+  ``LAYER_SLACK_FRACTION`` x each kind of churn (``layer_churn``), the fitted table of
+  ``benchmarks/allocator_fit.py``; the margin is ``LAYER_SLACK_SPREAD`` x the churn in every case;
+* the step pattern writes each layer's saved tensors from the recipe's parts (by hand below);
 * expandable segments, which map pages into one growing range instead of stranding freed
   segments, never raise the slack; ``alloc_conf`` errors are one line naming the key;
 * by hand: a 100 MiB tensor freed before a 120 MiB request strands its segment.
@@ -32,6 +34,7 @@ from vramlens.estimator.reserved import (
     generation_slack,
     layer_churn,
     replayed_slack,
+    replays_whole_step,
     training_loss_script,
     training_slack,
 )
@@ -46,6 +49,13 @@ WORKLOADS = {
     "full bf16": {"model": "qwen2.5-0.5b", "precision": "bf16", "batch": 1, "seq": 1024},
     "lora mixed": {"model": "llama-3.2-1b", "method": "lora", "batch": 2, "seq": 2048},
     "full fsdp": {"model": "llama-3.2-1b", "batch": 2, "seq": 2048, "parallel": {"gpus": 8, "shard": "fsdp"}},
+    "full ddp": {
+        "model": "qwen2.5-0.5b",
+        "precision": "bf16",
+        "batch": 1,
+        "seq": 1024,
+        "parallel": {"gpus": 2, "shard": "ddp"},
+    },
 }
 
 
@@ -64,7 +74,7 @@ def test_slack_is_the_replayed_vocabulary_part_plus_the_fitted_layer_part(name: 
     settings = AllocatorSettings()
     slack = training_slack(ctx, mem, targets, settings)
     shape = step_shape(ctx, mem, targets, layers=False)
-    if shape.gather_copy_out:  # FSDP2: the whole step replayed, every layer (its streams' pools add up)
+    if shape.gather_copy_out or replays_whole_step(ctx):  # FSDP2 or one GPU: the whole step replayed, every layer
         whole = step_shape(ctx, mem, targets)
         replayed = replayed_slack(whole, training_loss_script(ctx, mem), layers=whole.layers, micro_steps=1,
                                   settings=settings)  # fmt: skip
@@ -118,7 +128,7 @@ def test_a_freed_block_too_small_for_the_next_request_by_hand() -> None:
     ctx, mem, targets = _parts(WORKLOADS["full bf16"])
     shape = step_shape(ctx, mem, targets)
     empty = shape.__class__(**{**{f: getattr(shape, f) for f in shape.__slots__}, "edge_params": (), "edge_trained": (),
-                               "embedding_trained": False, "head_trained": False, "head_cast": 0, "non_layer": 0,
+                               "embedding_trained": False, "head_trained": False, "tied_grads": False, "extra_trained": (), "head_cast": 0, "non_layer": 0,
                                "inputs": 0, "hidden": 0})  # fmt: skip
     loss = LossScript(forward=(("+", "a", 100 * MiB), ("-", "a", 0), ("+", "b", 120 * MiB)), backward=(("-", "b", 0),))
     peaks = pattern_peaks(step_pattern(empty, loss, layers=0))

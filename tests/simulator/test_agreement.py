@@ -12,11 +12,12 @@ fused AdamW, eager, SDPA and flash attention (Gemma 2: transformers' default is 
 weights dominate the total, so a bug there would hide in it.
 
 Reserved: the simulator replays every recorded tensor through the caching-allocator model; the
-estimator replays the step's vocabulary-sized tensors and adds a closed form of the per-layer
-slack fitted to replays (``estimate/reserved.py``). The slack is chaotic in the details (a
-request one block too large for a cached one strands it), so each workload is held within 16%
-(the worst today: 15.7%, gemma-3-270m LoRA at 4096 tokens) and the set as a whole to a median
-within 3%, at least half of the workloads within 3%, and no bias beyond 2%.
+estimator replays the whole step its own terms imply, tensor by tensor (``estimate/step_pattern.py``,
+every layer), through the same model. Each workload is held within 3%, but three whose slack
+turns on which cached block one request of the real code lands in (see ``_RESERVED_XFAIL``), and
+the set as a whole: at least 90% of the workloads within 3%, the median error within 1.5%, no bias
+beyond 1%. Before the whole step was replayed (a closed-form per-layer slack fitted to replays),
+28 of the 46 were within 3% and the worst was 15.7% off.
 """
 
 from __future__ import annotations
@@ -78,7 +79,43 @@ def _marks(*, fast: bool = False) -> tuple[pytest.MarkDecorator, ...]:
 def test_estimate_within_3_percent_of_the_simulation(model: str, variant: str) -> None:
     simulated, estimated = _pair(model, variant)
     assert estimated.allocated_bytes == pytest.approx(simulated.allocated_bytes, rel=0.03)
-    assert estimated.reserved_bytes == pytest.approx(simulated.reserved_bytes, rel=0.16)
+
+
+#: Reserved beyond 3%, estimate / simulate - 1, and the mechanism the step pattern does not write.
+_RESERVED_XFAIL = {
+    ("gemma-3-270m", "lora bf16 s4096"): (
+        "-15.2%: in the simulator's second step the last layer's forward tensors (8-32 MiB) land in the "
+        "2 GiB logits segment the first step freed, so the step's logits split a 4 GiB fp32 loss block and "
+        "the next 4 GiB loss tensor needs a new segment; in the pattern the first step's cached layer blocks "
+        "still serve that layer (which blocks stay free turns on the order of the backward's per-module "
+        "transients, written as one working set per layer)"
+    ),
+    ("qwen2.5-1.5b", "lora bf16 s4096"): (
+        "-7.3%: the same mechanism as gemma-3-270m's: the second step's last layer (its LoRA sums, "
+        "24-140 MiB) lands in the freed 1.16 GiB logits segment and a 2.32 GiB fp32 loss block is split"
+    ),
+    ("gemma-2-2b", "lora+recompute s8192"): (
+        "-3.5%: Gemma 2's eager attention with logit softcapping makes and frees a chain of score "
+        "tensors (bf16 scores, softcapped copies, the fp32 softmax and its cast; 1-2 GiB each) in every "
+        "layer's forward and recomputed forward; the real chain strands one more 1 GiB score segment "
+        "than the pattern, which writes the layer's eager working set as its peak's tensors at once"
+    ),
+}
+
+
+def _reserved_marks(case: tuple[str, str]) -> tuple[pytest.MarkDecorator, ...]:
+    reason = _RESERVED_XFAIL.get(case)
+    marks = _marks(fast=case in _FAST)
+    return marks if reason is None else (*marks, pytest.mark.xfail(strict=True, reason=reason))
+
+
+@pytest.mark.parametrize(
+    ("model", "variant"),
+    [pytest.param(*case, marks=_reserved_marks(case), id="-".join(case)) for case in _CASES],
+)
+def test_reserved_within_3_percent_of_the_replayed_simulation(model: str, variant: str) -> None:
+    simulated, estimated = _pair(model, variant)
+    assert estimated.reserved_bytes == pytest.approx(simulated.reserved_bytes, rel=0.03)
 
 
 @functools.cache
@@ -95,9 +132,9 @@ def test_reserved_agrees_with_the_simulation_over_the_set() -> None:
         simulated, estimated = _pair(model, variant)
         errors.append(estimated.reserved_bytes / simulated.reserved_bytes - 1)
     within = sum(1 for error in errors if abs(error) <= 0.03) / len(errors)
-    assert statistics.median(abs(error) for error in errors) <= 0.03
-    assert within >= 0.5, f"{within:.0%} within 3%"
-    assert abs(statistics.median(errors)) <= 0.02
+    assert statistics.median(abs(error) for error in errors) <= 0.015
+    assert within >= 0.9, f"{within:.0%} within 3%"
+    assert abs(statistics.median(errors)) <= 0.01
 
 
 # ---- inference: generate()'s prefill --------------------------------------------------------------

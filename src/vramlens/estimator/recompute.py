@@ -102,6 +102,9 @@ class LayerActivations:
     """What one recomputed layer re-creates during backward (largest layer)."""
     full_layer_parts: tuple[Part, ...]
     """The saved tensors of one full (not recomputed) layer, for the explanation."""
+    parts_by_kind: tuple[tuple[LayerKind, tuple[Part, ...]], ...] = ()
+    """The saved tensors of one full layer of each :func:`layer_kind` of this rank (the allocator
+    pattern, :mod:`vramlens.estimator.step_shape`)."""
     notes: tuple[str, ...]
     masks_per_token: float = 0.0
     """Attention masks alive while the layers run forward but kept by no one for backward
@@ -248,6 +251,7 @@ def _layer_activations(
         notes.append("recompute selective: the attention core is recomputed; projections and MLP outputs are kept")
     mixer_backward = _mixer_backward(ctx, recipe, full, transient if policy in _WHOLE_LAYER else None)
     example = max(kinds, key=lambda key: full[key]) if kinds else LayerKind()
+    by_kind = tuple((key, tuple(layer_saved_parts(recipe, key) + training_cache_parts(recipe, key))) for key in kinds)
     parts = tuple(layer_saved_parts(recipe, example) + training_cache_parts(recipe, example))
     masks = _mask_bytes(ctx, recipe, kinds)
     # Eager adds its masks to the scores and SDPA turns them into a per-call bias: autograd keeps
@@ -258,6 +262,7 @@ def _layer_activations(
         saved_per_token=saved + (masks if checkpointed else 0.0),
         transient_per_token=transient,
         full_layer_parts=parts,
+        parts_by_kind=by_kind,
         notes=tuple(notes),
         masks_per_token=0.0 if checkpointed else masks,
         mixer_backward_per_token=mixer_backward,

@@ -4,22 +4,26 @@
 holds in cached blocks that the next requests cannot use: a freed block smaller than the next
 request (the logits freed before a larger gradient), a vocabulary-sized block split by the next
 step's activations so that the same request needs a new segment, 20 MiB segments shared by
-1-10 MiB tensors. Two parts, each from :mod:`vramlens.allocator` (the model of PyTorch's
+1-10 MiB tensors. It comes from :mod:`vramlens.allocator` (the model of PyTorch's
 ``CUDACachingAllocator.cpp`` the simulator replays its recorded timelines through), under the
 workload's ``alloc_conf``:
 
-* the vocabulary-sized tensors (logits and loss, the head's weight copy, the embedding's and
-  head's gradients and state) written as requests in step order
-  (:mod:`vramlens.estimator.step_pattern` with no decoder layer) and **replayed**: a few dozen
-  requests, memoized;
-* the decoder layers' tensors, which repeat once per layer (a replay of every layer is thousands
-  of requests per estimate): a **closed form**, ``LAYER_SLACK_FRACTION`` of the activation and of
-  the parameter-sized memory they churn in a step, fitted to replays of the full per-layer pattern
-  (``benchmarks/allocator_fit.py``);
-  the layers' gradients also reuse the vocabulary blocks left stranded, up to their bytes.
+* on one GPU, and with parameters sharded by FSDP2, the **whole step is replayed**, every layer:
+  :mod:`vramlens.estimator.step_pattern` writes the requests the estimator's terms imply in code
+  order (:mod:`vramlens.estimator.step_shape`, :mod:`vramlens.estimator.step_layers`), memoized on
+  the frozen :class:`~vramlens.estimator.step_shape.StepShape`; checked against the simulator's
+  replay of the real code (``tests/simulator/test_agreement.py``, ``test_distributed.py``);
+* data-parallel runs without FSDP2 (DDP, ZeRO, FSDP1) keep two parts: the vocabulary-sized
+  tensors (logits and loss, the head's weight copy, the embedding's and head's gradients and
+  state) replayed (the pattern with no decoder layer), and the decoder layers' slack as a
+  **closed form**, ``LAYER_SLACK_FRACTION`` of the activation and of the parameter-sized memory
+  they churn in a step, fitted to replays of the full per-layer pattern
+  (``benchmarks/allocator_fit.py``); the layers' gradients also reuse the vocabulary blocks left
+  stranded, up to their bytes.
 
 :func:`replayed_slack` replays any pattern (every layer) and is the reference the closed form is
-checked against (``tests/estimator/test_reserved.py``).
+checked against (``tests/estimator/test_reserved.py``). The reserved margin (``safe``) stays
+``LAYER_SLACK_SPREAD`` x the churn in every case.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from vramlens.estimator.step_pattern import step_pattern
 from vramlens.estimator.step_shape import StepShape, step_shape
 from vramlens.estimator.trl_head import fused_head, fused_head_script
 from vramlens.resolve.context import TrainingContext
-from vramlens.workload.options import Framework, Shard
+from vramlens.workload.options import Framework, Offload, Shard
 
 __all__ = [
     "KV_GROWTH_FRACTION",
@@ -51,6 +55,7 @@ __all__ = [
     "TrainingSlack",
     "layer_churn",
     "replayed_slack",
+    "replays_whole_step",
     "training_loss_script",
     "training_slack",
 ]
@@ -186,7 +191,8 @@ def training_slack(
     stream's own peak at its own instant and the pools add up, which no fraction of the churn
     represents (``layers_bytes`` is then that replay's slack, ``vocabulary_bytes`` 0). FSDP2's pattern
     is written buffer by buffer from its code and checked against the simulator's replay
-    (``tests/simulator/test_distributed.py``); FSDP1 and ZeRO-3 keep the closed form."""
+    (``tests/simulator/test_distributed.py``). On one GPU the whole step is replayed as well
+    (:func:`replays_whole_step`); DDP, ZeRO and FSDP1 keep the closed form."""
     micro_steps = min(ctx.workload.grad_accum, 2)
     loss = training_loss_script(ctx, mem, targets)
     sharded = ctx.workload.parallel.shard in (Shard.FSDP, Shard.HSDP, Shard.ZERO3)
@@ -194,7 +200,7 @@ def training_slack(
     churn = layer_churn(mem)
     spread = int(LAYER_SLACK_SPREAD[key] * sum(churn))
     edges = step_shape(ctx, mem, targets, layers=False)
-    if edges.gather_copy_out:
+    if edges.gather_copy_out or replays_whole_step(ctx):
         whole = _step_slack(step_shape(ctx, mem, targets), loss, micro_steps, settings)
         return TrainingSlack(vocabulary_bytes=0, layers_bytes=whole, spread_bytes=spread, replayed=True)
     vocabulary = _vocabulary_slack(edges, loss, micro_steps, settings)
@@ -203,6 +209,15 @@ def training_slack(
         layers_bytes=int(sum(f * c for f, c in zip(LAYER_SLACK_FRACTION[key], churn, strict=True))),
         spread_bytes=spread,
     )
+
+
+def replays_whole_step(ctx: TrainingContext) -> bool:
+    """The whole step is replayed, every layer, on one GPU without CPU offload (a model vramlens
+    describes layer by layer, not a generic module): the layers' requests are written from the estimator's own
+    terms (:mod:`vramlens.estimator.step_shape`) and checked against the simulator's replay of the
+    real code's timeline (``tests/simulator/test_agreement.py``)."""
+    parallel = ctx.workload.parallel
+    return parallel.gpus == 1 and parallel.offload is Offload.NONE and ctx.spec.generic is None
 
 
 def generation_spread(kv_bytes: int, settings: AllocatorSettings) -> int:

@@ -8,7 +8,9 @@ Order follows an eager PyTorch step (transformers' modules, ``loss.backward()``,
 * forward, layer by layer: the gathered unit (sharded parameters), autocast weight copies, the
   saved activations, the layer's transient working set, the next hidden state; then the final
   norm's output, the head's weight copy and the loss (:mod:`vramlens.estimator.loss_pattern`);
-* backward, layers in reverse: the recomputed layer (checkpointing), the gradient working set,
+* backward, layers in reverse (a trained embedding tied to the head: autograd holds the head's
+  gradient contribution from the head's backward to the embedding's, where it is summed with the
+  embedding's own into a new tensor, the gradient): the recomputed layer (checkpointing), the gradient working set,
   the layer's gradients (stepped and freed at once with an optimizer in backward), then its saved
   tensors and weight copies are freed; the embedding's gradient last;
 * optimizer step: the moments (created by the first step), the step's temporaries (foreach: one
@@ -68,7 +70,36 @@ class _Writer:
         self.accumulated: dict[int, list[int]] = {}  # FSDP2 without sync: unsharded gradients by unit
 
     def _kind(self, layer: int) -> int:
-        return layer % len(self.shape.saved)
+        return layer % len(self.shape.layer_trained)
+
+    def _layer_forward(self, layer: int) -> tuple[list[int], int]:
+        """A layer's saved tensors, with PEFT's adapter sums where they happen: the base output
+        (``result = base(x)``) before the adapter's input copy; after its ``lora_A`` output the
+        ``lora_B`` output, its scaled copy, the promoted sum, the result cast back; returns the
+        keys and the forward working set left for the end of the layer (bytes)."""
+        s, p = self.shape, self.p
+        kind = s.saved_kind[layer] if layer < len(s.saved_kind) else layer % len(s.saved)
+        sums = s.adapter_sums[kind] if kind < len(s.adapter_sums) else ()
+        a, d = s.compute_bytes, s.adapter_bytes
+        bases: dict[int, int] = {}
+        keys: list[int] = []
+        for position, nbytes in enumerate(s.saved[kind]):
+            for number, (start, _, out) in enumerate(sums):
+                if start == position:
+                    bases[number] = p.alloc(out * a)
+            keys.append(p.alloc(nbytes))
+            for number, (_, end, out) in enumerate(sums):
+                if end == position + 1:
+                    made = p.alloc(out * d)
+                    scaled = p.alloc(out * d)
+                    p.free(made)
+                    total = p.alloc(out * d)
+                    p.free(scaled)
+                    p.free(bases.pop(number, -1))
+                    p.temporary(out * a)
+                    p.free(total)
+        largest = max((out * (a + 2 * d) for _, _, out in sums), default=0)
+        return keys, max(0, s.forward_working - largest)
 
     def trained_tensors(self) -> list[int]:
         """Elements of every trained tensor in the model's parameter order, which is the optimizer's:
@@ -76,7 +107,7 @@ class _Writer:
         s = self.shape
         found = [t for i in range(self.layers) for t in s.layer_trained[self._kind(i)]]
         first = list(s.edge_trained[:1]) if s.embedding_trained else []
-        return first + found + list(s.edge_trained[len(first) :])
+        return first + found + list(s.edge_trained[len(first) :]) + list(s.extra_trained)
 
     def load(self) -> None:
         p, s = self.p, self.shape
@@ -164,9 +195,9 @@ class _Writer:
                 params = self._unshard(s.gather_layer, s.unsharded_layer[self._kind(i)])
             else:
                 gathered.append(p.alloc(s.gather_layer, Stream.ALL_GATHER))
-            working = [p.alloc(piece) for piece in _pieces(s.forward_working, s.hidden)]
             casts = [p.alloc(c) for c in s.casts]
-            layer = [p.alloc(nbytes) for nbytes in s.saved[self._kind(i)]]
+            layer, working_bytes = self._layer_forward(i)
+            working = [p.alloc(piece) for piece in _pieces(working_bytes, s.widths or (s.hidden,))]
             p.temporary(s.dequant)
             p.free_all(working)
             new_hidden = p.alloc(s.hidden)
@@ -222,6 +253,7 @@ class _Writer:
         head_grad = -1
         if copy_out and grads and (s.head_trained or (s.tied and s.embedding_trained)):
             head_grad = p.alloc(s.edge_trained[-1] * s.unsharded_bytes)  # the head's unsharded gradient
+        tied = p.alloc(s.edge_trained[0] * s.grad_bytes // s.grads_sharded) if s.tied_grads else -1
         dhidden = p.alloc(s.hidden)
         if grads and s.head_trained and not copy_out:
             self._grad(s.edge_trained[-1])
@@ -242,7 +274,7 @@ class _Writer:
                 gathered = [p.alloc(s.gather_layer, Stream.ALL_GATHER), p.alloc(s.gather_layer_grads)]
                 unsharded = []
             recomputed = [p.alloc(nbytes) for nbytes in s.recomputed]
-            working = [p.alloc(piece) for piece in _pieces(s.working, s.hidden)]
+            working = [p.alloc(piece) for piece in _pieces(s.working, s.widths or (s.hidden,))]
             p.temporary(s.dequant)
             if grads and copy_out:
                 p.free_all(gathered)  # resharded after backward, before the reduce
@@ -259,12 +291,28 @@ class _Writer:
             p.free_all(gathered)
         if copy_out:
             self._edges_backward(grads, head_grad)
-        elif grads and s.embedding_trained:
-            self._grad(s.edge_trained[0])
+        else:
+            self._embedding_grads(grads, tied)
         for name in list(out.names):
             p.free(out.names.pop(name))
         p.free(dhidden)
         p.free_all(out.at_end)
+
+    def _embedding_grads(self, grads: bool, tied: int) -> None:
+        """The end of a backward without FSDP2: the embedding's gradient (tied: its contribution
+        summed out of place with the head's ``tied`` one, which is then freed), then the rest."""
+        p, s = self.p, self.shape
+        if s.tied_grads:
+            own = p.alloc(s.edge_trained[0] * s.grad_bytes // s.grads_sharded)
+            if grads:
+                self._grad(s.edge_trained[0])
+            else:
+                p.temporary(s.edge_trained[0] * s.grad_bytes // s.grads_sharded)
+            p.free_all([tied, own])
+        elif grads and s.embedding_trained:
+            self._grad(s.edge_trained[0])
+        for elements in s.extra_trained if grads else ():
+            self._grad(elements)
 
     def _edges_backward(self, grads: bool, head_grad: int) -> None:
         """FSDP2: the embedding's backward (its own unit, prefetched; or the tied tail, kept since
@@ -315,13 +363,24 @@ class _Writer:
         p.free_all(self.grads)
 
 
-def _pieces(total: int, piece: int) -> list[int]:
-    """``total`` bytes of a working set as tensors of at most ``piece`` bytes (a hidden state):
-    intermediates are created and freed among the layer's other tensors, not as one block."""
-    if total <= 0 or piece <= 0:
+def _pieces(total: int, widths: tuple[int, ...]) -> list[int]:
+    """``total`` bytes of a working set as the layer's natural tensors (``widths``, largest first):
+    greedily the largest that still fits, the rest as one tensor; a set over eight of the largest
+    (attention scores) as equal tensors of about that size. Intermediates are created and freed
+    among the layer's other tensors, not as one block."""
+    if total <= 0:
         return []
-    count = -(-total // piece)
-    return [total // count] * count
+    largest = max(widths[0], 1)
+    if total > 8 * largest:
+        count = -(-total // largest)
+        return [total // count] * count
+    found: list[int] = []
+    rest = total
+    for width in widths:
+        while width > 0 and rest >= width:
+            found.append(width)
+            rest -= width
+    return [*found, rest] if rest > 0 else found
 
 
 def step_pattern(shape: StepShape, loss: LossScript, *, layers: int, micro_steps: int = 1) -> Pattern:

@@ -18,10 +18,11 @@ from typing import Any
 from vramlens.allocator.streams import Stream
 from vramlens.estimator.fsdp import accumulates_unsharded, resolved_wrap, units
 from vramlens.estimator.layout import EMBED_NAMES, StageView
+from vramlens.estimator.lora_head import HEAD_NAMES
 from vramlens.estimator.optimizers import optimizer_model
+from vramlens.estimator.qlora import unquantized_bytes
 from vramlens.estimator.quantities import StageMemory
-from vramlens.estimator.recompute import layer_activations, train_state
-from vramlens.estimator.saved_parts import GATHERED, HEADS, SEQUENCE
+from vramlens.estimator.step_layers import Saved, saved_tensors, tensor_widths
 from vramlens.model.modules import layer_linears
 from vramlens.model.params import norm_parameters
 from vramlens.model.spec import LayerKind
@@ -49,8 +50,16 @@ class StepShape:
     """Each layer kind's trained tensors in elements (full: the weights; LoRA: A and B per target)."""
     edge_trained: tuple[int, ...]
     """Trained vocabulary matrices in elements: the embedding first, the head last."""
+    extra_trained: tuple[int, ...]
+    """Trained elements neither the layers' lists nor the vocabulary matrices hold (the final norm,
+    a PEFT prompt encoder or other adapters), as one tensor; its gradient is made at the end of the
+    backward (empty with sharded parameters or without layers)."""
     embedding_trained: bool
     head_trained: bool
+    tied_grads: bool
+    """One GPU or replicated parameters: the trained embedding is the head's weight (tied), so its
+    gradient is the out-of-place sum of the head's contribution (held through the backward) and the
+    embedding's own (``torch.autograd``'s input buffer)."""
     adapter_params: bool
     """Trained tensors are parameters of their own beside the resident weights (PEFT)."""
     param_bytes: int
@@ -62,7 +71,17 @@ class StepShape:
     per_tensor_copies: int
     """Temporaries a per-tensor step makes of each tensor (0: in place, fused)."""
     saved: tuple[tuple[int, ...], ...]
-    """Each layer kind's saved activations (one tensor per recipe part; the layer input under recompute)."""
+    """Each activation kind's saved tensors (the recipe's parts as tensors; the layer input under recompute)."""
+    saved_kind: tuple[int, ...]
+    """The index into ``saved`` of each of the stage's layers (empty: layers cycle through ``saved``)."""
+    adapter_sums: tuple[tuple[tuple[int, int, int], ...], ...]
+    """For each entry of ``saved``: PEFT's adapter sums of each adapted linear in module order, as
+    (its base output is made before saved tensor n, its sum after saved tensor m, out elements x
+    tokens) (empty without LoRA or under recompute)."""
+    compute_bytes: int
+    """Bytes per element of activations (the compute dtype)."""
+    adapter_bytes: int
+    """Bytes per element of an adapter's output (4: fp32 adapters; 2 under autocast or bf16 ones)."""
     recomputed: tuple[int, ...]
     """What one recomputed layer re-creates in backward (empty without recompute)."""
     casts: tuple[int, ...]
@@ -74,6 +93,9 @@ class StepShape:
     working: int
     hidden: int
     """One hidden state of the micro-batch (the residual stream between layers)."""
+    widths: tuple[int, ...]
+    """The layer's natural activation tensors of the micro-batch, bytes, largest first (the working
+    sets are written as these: :func:`~vramlens.estimator.step_layers.tensor_widths`)."""
     non_layer: int
     inputs: int
     dequant: int
@@ -175,23 +197,6 @@ def _layer_kinds(ctx: TrainingContext, stage: StageView) -> list[LayerKind]:
     return kinds[:period] or [LayerKind()]
 
 
-def _saved(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str]) -> tuple[list[int], list[int]]:
-    """(one layer's saved tensors, one recomputed layer's tensors): the recipe's parts when the
-    layer keeps them all; under recompute the layer's share of the saved total as one tensor (the
-    checkpointed input) and the parts re-created in its backward."""
-    stage = mem.stage
-    acts = layer_activations(ctx, train_state(ctx, targets), stage.layer_range)
-    tp = ctx.workload.parallel.tp
-    divisor = {HEADS: tp, SEQUENCE: tp, GATHERED: 1}
-    parts = [int(p.bytes_per_token / divisor[p.split] * ctx.tokens) for p in acts.full_layer_parts]
-    parts = [p for p in parts if p]
-    per_layer = mem.activations_bytes // max(stage.layers, 1)
-    if per_layer and abs(sum(parts) - per_layer) <= 0.02 * per_layer:
-        return parts, []
-    recomputed = parts if mem.recompute_bytes else []
-    return ([per_layer] if per_layer else []), recomputed
-
-
 def _trained_edges(ctx: TrainingContext, stage: StageView) -> tuple[bool, bool, tuple[int, ...]]:
     """(embedding trained, head trained, their elements: embedding first)."""
     spec = ctx.spec
@@ -204,6 +209,25 @@ def _trained_edges(ctx: TrainingContext, stage: StageView) -> tuple[bool, bool, 
         embedding = stage.first and bool(saved & EMBED_NAMES)
         head = stage.last and bool(saved - EMBED_NAMES)
     return embedding, head, (table,) * (embedding + head)
+
+
+def _extra_trained(
+    ctx: TrainingContext,
+    stage: StageView,
+    layer_trained: list[tuple[int, ...]],
+    edges: tuple[int, ...],
+    targets: frozenset[str],
+) -> tuple[int, ...]:
+    """The stage's trained elements beyond its layers' trained tensors (layers cycling through the
+    kinds) and the vocabulary matrices: a LoRA adapter on the head as its A (r x h) and B (V x r)
+    tensors, the rest (final norm, prompt encoders, other adapters) as one tensor."""
+    spec, rank = ctx.spec, ctx.workload.lora.rank
+    listed = sum(sum(layer_trained[i % len(layer_trained)]) for i in range(stage.layers)) if layer_trained else 0
+    rest = sum(group.elements for group in stage.trainable) - listed - sum(edges)
+    head = (rank * spec.hidden_size, spec.vocab_size // ctx.workload.parallel.tp * rank)
+    found = head if not ctx.full and stage.last and targets & HEAD_NAMES and rest >= sum(head) else ()
+    rest -= sum(found)
+    return (*found, rest) if rest > 0 else found
 
 
 def _fsdp_sizes(ctx: TrainingContext, stage: StageView) -> tuple[int, int, int, int, int]:
@@ -221,16 +245,16 @@ def step_shape(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str], 
     stage, parallel, spec = mem.stage, ctx.workload.parallel, ctx.spec
     d_param = ctx.shard_group if parallel.shard in _PARAM_SHARDED else 1
     kinds = _kinds(ctx, stage) if layers else []
-    layer_params, layer_trained = _layer_tensors(ctx, stage, targets, kinds, d_param)
     table = spec.vocab_size * spec.hidden_size // parallel.tp
     edges = [table] if stage.first else []
     if stage.last and not (spec.tie_word_embeddings and stage.first):
         edges.append(table)
-    edge_bytes = ctx.param_bytes if ctx.full else ctx.frozen_bytes
+    edge_bytes = ctx.param_bytes if ctx.full else unquantized_bytes(ctx)
+    layer_params, layer_trained = _layer_tensors(ctx, stage, targets, kinds, d_param, sum(edges) * edge_bytes)
     embedding, head, trained_edges = _trained_edges(ctx, stage)
     group = stage.trainable[0] if stage.trainable else None
     a = ctx.compute_bytes
-    saved, recomputed = _saved(ctx, mem, targets) if layers else ([], [])
+    saved = saved_tensors(ctx, mem, targets) if layers else Saved(lists=[[]], index=(), recomputed=[])
     full_cast = ctx.autocast and ctx.full
     return StepShape(
         layers=stage.layers,
@@ -238,22 +262,31 @@ def step_shape(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str], 
         layer_params=tuple(layer_params),
         layer_trained=tuple(layer_trained) or ((),),
         edge_trained=trained_edges,
+        extra_trained=_extra_trained(ctx, stage, layer_trained, trained_edges, targets)
+        if layers and d_param == 1
+        else (),
         embedding_trained=embedding,
         head_trained=head,
+        tied_grads=embedding and spec.tie_word_embeddings and stage.last and parallel.shard not in _PARAM_SHARDED,
         adapter_params=not ctx.full,
         param_bytes=int(group.param_bytes) if group is not None else ctx.param_bytes,
         grad_bytes=group.grad_bytes if group is not None else ctx.grad_bytes,
         state_bytes=group.state_bytes if group is not None else ctx.state_bytes,
         master_bytes=ctx.master_bytes,
         **_optimizer_fields(ctx),
-        saved=tuple(tuple(saved) for _ in kinds) or ((),),
-        recomputed=tuple(recomputed),
+        saved=tuple(tuple(each) for each in saved.lists),
+        saved_kind=saved.index,
+        adapter_sums=tuple(tuple(each) for each in saved.adapters),
+        compute_bytes=a,
+        adapter_bytes=2 if ctx.autocast or not ctx.profile.adapters_fp32 else 4,
+        recomputed=tuple(saved.recomputed),
         casts=tuple(w * a for w in layer_trained[0] if w > spec.hidden_size) if full_cast and layers else (),
         casts_kept=ctx.workload.recompute is Recompute.NONE,
         head_cast=table * a if full_cast and stage.last else 0,
         forward_working=mem.forward_working_bytes,
         working=mem.working_bytes,
         hidden=ctx.tokens * spec.hidden_size * a,
+        widths=tensor_widths(ctx) if layers else (),
         non_layer=mem.non_layer_bytes,
         inputs=mem.inputs_bytes,
         dequant=mem.dequant_bytes,
@@ -297,9 +330,16 @@ def _fsdp_fields(
 
 
 def _layer_tensors(
-    ctx: TrainingContext, stage: StageView, targets: frozenset[str], kinds: list[LayerKind], d_param: int
+    ctx: TrainingContext,
+    stage: StageView,
+    targets: frozenset[str],
+    kinds: list[LayerKind],
+    d_param: int,
+    edges_frozen: float,
 ) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
-    """(resident weights in bytes, trained tensors in elements) of each layer kind."""
+    """(resident weights in bytes, trained tensors in elements) of each layer kind; a frozen base's
+    layers share the stage's frozen bytes less the vocabulary matrices' (``edges_frozen``, resident
+    in their own tensors)."""
     layer_params, layer_trained = [], []
     for kind in kinds:
         weights = _layer_weights(ctx, kind, stage.layer_elements)
@@ -307,7 +347,7 @@ def _layer_tensors(
             layer_params.append(tuple(w * ctx.param_bytes // d_param for w in weights))
             layer_trained.append(tuple(weights))
         else:
-            frozen = stage.frozen_bytes / max(stage.layers, 1) / max(sum(weights), 1)
+            frozen = max(0.0, stage.frozen_bytes - edges_frozen) / max(stage.layers, 1) / max(sum(weights), 1)
             layer_params.append(tuple(int(w * frozen) // d_param for w in weights if w))
             layer_trained.append(tuple(_adapters(ctx, kind, targets)))
     return layer_params, layer_trained

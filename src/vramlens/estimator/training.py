@@ -73,7 +73,7 @@ def _levels(ctx: TrainingContext, mem: StageMemory, peak: PhaseMemory, targets: 
         runtime_spread=outside.spread_bytes,
         sharded=workload.parallel.shard in (Shard.FSDP, Shard.HSDP, Shard.ZERO3),
     )
-    note = _reserved_note(slack, workload.alloc_conf)
+    note = _reserved_note(slack, workload.alloc_conf, sharded=workload.parallel.shard is not Shard.NONE)
     if eager:
         note += f"; {rule_note(workload.versions, 'lazy_module_loading')}"
     return _Levels(
@@ -133,10 +133,20 @@ def _slack_terms(slack: TrainingSlack, mem: StageMemory, alloc_conf: str) -> tup
         Term(
             name="allocator slack: decoder layers' churn (fitted fractions)",
             category=_C.ALLOCATOR_SLACK,
-            bytes=slack.layers_bytes,
+            bytes=0 if slack.replayed else slack.layers_bytes,
             explain=lambda: (
                 f"fitted fractions x churn of saved activations {churn[0]:,} B, backward working sets {churn[1]:,} B, "
                 f"parameter-sized tensors {churn[2]:,} B (reserved.py LAYER_SLACK_FRACTION, {conf})"
+            ),
+            alive="cached blocks, from the first step on",
+        ),
+        Term(
+            name="allocator slack: the whole step (replayed)",
+            category=_C.ALLOCATOR_SLACK,
+            bytes=slack.layers_bytes if slack.replayed else 0,
+            explain=lambda: (
+                f"every request of the step (each layer's saved tensors, working sets, gradients, optimizer state "
+                f"and temporaries, logits and loss) replayed through the caching-allocator model ({conf})"
             ),
             alive="cached blocks, from the first step on",
         ),
@@ -144,12 +154,13 @@ def _slack_terms(slack: TrainingSlack, mem: StageMemory, alloc_conf: str) -> tup
     return tuple(term for term in terms if term.bytes)
 
 
-def _reserved_note(slack: TrainingSlack, alloc_conf: str) -> str:
+def _reserved_note(slack: TrainingSlack, alloc_conf: str, *, sharded: bool) -> str:
     conf = f" under {alloc_conf}" if alloc_conf else ""
     if slack.replayed:
+        pools = ", FSDP's collective buffers in their streams' pools" if sharded else ""
         return (
             f"reserved: slack {format_bytes(slack.total_bytes)}{conf} = the whole step replayed through the "
-            "caching-allocator model, FSDP's collective buffers in their streams' pools"
+            f"caching-allocator model{pools}"
         )
     return (
         f"reserved: slack {format_bytes(slack.total_bytes)}{conf} = replayed vocabulary tensors "

@@ -1,0 +1,121 @@
+"""One decoder layer's tensors as the allocator is asked for them (:mod:`vramlens.estimator.step_shape`).
+
+The saved activations of every layer kind come from the layer recipe's parts
+(:mod:`vramlens.estimator.recompute`), each part as the tensors it holds; PEFT's adapter sums
+(``result = base(x); result = result + lora_B(lora_A(dropout(x))) * scaling``, the terms'
+``_adapter_transients`` in :mod:`vramlens.estimator.quantities`) where the adapted linear runs.
+Bytes are ``int``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vramlens.estimator.quantities import StageMemory
+from vramlens.estimator.recompute import layer_activations, layer_kind, train_state
+from vramlens.estimator.saved_parts import GATHERED, HEADS, SEQUENCE, Part
+from vramlens.model.modules import layer_linears
+from vramlens.model.spec import LayerKind
+from vramlens.resolve.context import TrainingContext
+from vramlens.workload.options import AttentionImpl
+
+__all__ = ["Saved", "saved_tensors", "tensor_widths"]
+
+
+def saved_tensors(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str]) -> Saved:
+    """Each activation kind's saved tensors and the kind of each of the stage's layers: the
+    recipe's parts of every layer kind (:func:`layer_kind`) when the layers keep them all (with
+    PEFT's adapter sums after each adapter, :func:`kind_tensors`); under recompute each layer's
+    share of the saved total as one tensor (the checkpointed input) and the largest kind's parts
+    re-created in its backward."""
+    stage = mem.stage
+    acts = layer_activations(ctx, train_state(ctx, targets), stage.layer_range)
+    built = {kind: kind_tensors(ctx, kind, parts, targets) for kind, parts in acts.parts_by_kind}
+    kinds = list(built)
+    index = tuple(
+        kinds.index(layer_kind(ctx.spec.layers[i], ctx.workload.seq)) if kinds else 0 for i in stage.layer_range
+    )
+    lists = [built[kind][0] for kind in kinds] or [[]]
+    total = sum(sum(lists[i]) for i in index)
+    if total and abs(total - mem.activations_bytes) <= 0.02 * total:
+        return Saved(lists=lists, index=index, recomputed=[], adapters=[built[kind][1] for kind in kinds] or [[]])
+    per_layer = mem.activations_bytes // max(stage.layers, 1)
+    largest = max(lists, key=sum)
+    if mem.recompute_bytes and abs(sum(largest) - mem.recompute_bytes) > 0.02 * mem.recompute_bytes:
+        largest = _greedy(mem.recompute_bytes, tensor_widths(ctx))  # selective: the attention core's share
+    return Saved(lists=[[per_layer] if per_layer else []], index=(), recomputed=largest if mem.recompute_bytes else [])
+
+
+def _greedy(total: int, widths: tuple[int, ...]) -> list[int]:
+    """``total`` bytes as the layer's natural tensors, largest first, the rest as one tensor."""
+    found: list[int] = []
+    for width in widths:
+        while width > 0 and total >= width:
+            found.append(width)
+            total -= width
+    return [*found, total] if total > 0 else found
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Saved:
+    """What :func:`_saved` finds (see the :class:`StepShape` fields of the same meaning)."""
+
+    lists: list[list[int]]
+    index: tuple[int, ...]
+    recomputed: list[int]
+    adapters: list[list[tuple[int, int, int]]] = field(default_factory=lambda: [[]])
+
+
+def kind_tensors(
+    ctx: TrainingContext, kind: LayerKind, parts: tuple[Part, ...], targets: frozenset[str]
+) -> tuple[list[int], list[tuple[int, int, int]]]:
+    """One layer kind's saved tensors in module order (a part that is a family of equal tensors,
+    such as gate, up and activation outputs or keys and values, split into them) and PEFT's adapter
+    sums of ``result = base(x); result = result + lora_B(lora_A(dropout(x))) * scaling``: the base
+    output before the adapter's input copy, the sum after its ``lora_A`` output (the terms'
+    ``_adapter_transients``), as :attr:`StepShape.adapter_sums` lists them."""
+    tp, tokens = ctx.workload.parallel.tp, ctx.tokens
+    divisor = {HEADS: tp, SEQUENCE: tp, GATHERED: 1}
+    widths, compute = tensor_widths(ctx), tensor_widths(ctx, (ctx.compute_bytes,))
+    outs = {s.name: s.out_features // tp for s in layer_linears(ctx.spec, kind) if s.name in targets}
+    tensors: list[int] = []
+    adapters: list[tuple[int, int, int]] = []
+    starts: dict[str, int] = {}
+    for part in parts:
+        name = part.name.removesuffix(" adapter input")
+        if name != part.name:
+            starts[name] = len(tensors)
+        tensors += _tensors(int(part.bytes_per_token / divisor[part.split] * tokens), widths, compute)
+        name = part.name.removesuffix(" lora_A output")
+        if name != part.name and name in outs:
+            adapters.append((starts.get(name, len(tensors) - 1), len(tensors), outs[name] * tokens))
+    return tensors, adapters
+
+
+def tensor_widths(ctx: TrainingContext, dtypes: tuple[int, ...] = ()) -> tuple[int, ...]:
+    """Bytes of one layer's natural activation tensors of the micro-batch (the MLP intermediate, the
+    queries, the keys or values, the hidden state, eager attention's scores; in ``dtypes``, bytes per element, by default the
+    compute dtype and fp32), largest first."""
+    spec, tp = ctx.spec, ctx.workload.parallel.tp
+    found = {spec.hidden_size, spec.num_heads * spec.head_dim // tp, spec.num_kv_heads * spec.head_dim // tp}
+    if spec.mlp is not None:
+        found.add(spec.mlp.intermediate_size // tp)
+    if ctx.attention is AttentionImpl.EAGER and spec.num_heads:  # eager attention's scores: heads x s x s
+        found.add(spec.num_heads // tp * ctx.workload.seq)
+    sizes = {w * b * ctx.tokens for w in found if w for b in dtypes or {ctx.compute_bytes, 4}}
+    return tuple(sorted(sizes, reverse=True))
+
+
+def _tensors(nbytes: int, widths: tuple[int, ...], compute: tuple[int, ...]) -> list[int]:
+    """A saved part as the tensors it holds: one tensor when it is one natural width (``widths``);
+    else ``k`` equal tensors (2 <= k <= 8) of the largest natural width in the compute dtype
+    (``compute``) it is a whole multiple of (a family of activations: gate, up and activation
+    outputs, keys and values), then of any natural width; else one tensor."""
+    if nbytes <= 0:
+        return []
+    if nbytes in widths:
+        return [nbytes]
+    for width in (*compute, *widths):
+        if nbytes % width == 0 and 2 <= nbytes // width <= 8:
+            return [width] * (nbytes // width)
+    return [nbytes]
