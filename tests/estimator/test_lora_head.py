@@ -98,19 +98,7 @@ def test_unknown_targets_still_name_the_modules() -> None:
     "overrides",
     [
         # Tied embeddings: PEFT wraps the tied head (the simulator re-ties its base layer).
-        pytest.param(
-            {"model": "llama-3.2-1b", "recompute": "full", "lora": {"targets": ["lm_head"]}},
-            id="tied",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason=(
-                    "reserved +10.7% (allocated within 0.01%): the head adapter's B (V x r fp32, 7.8 MiB) and its "
-                    "two AdamW moments land in 20 MiB segments of the real step's small tensors, but split the "
-                    "16 MiB segments of the recomputed layers' working pieces in the whole-step pattern, so its "
-                    "second step's head output splits a 250 MiB loss block and the loss needs one more"
-                ),
-            ),
-        ),
+        pytest.param({"model": "llama-3.2-1b", "recompute": "full", "lora": {"targets": ["lm_head"]}}, id="tied"),
         pytest.param({"precision": "mixed-bf16"}, id="autocast"),
     ],
 )

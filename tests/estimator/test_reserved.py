@@ -2,7 +2,8 @@
 
 What is checked, and where the expected numbers come from:
 
-* on one GPU and with FSDP2 the slack is the replay of the whole step pattern, every layer;
+* with FSDP2, and on one GPU with ``reserved_replay: true``, the slack is the replay of the whole
+  step pattern, every layer;
 * otherwise (DDP here) the vocabulary part is the replay of the step pattern without decoder
   layers (``step_pattern(layers=0)``) through ``vramlens.allocator``, less the layers' gradients
   (which are allocated during backward and can take the stranded blocks), and the layers' part is
@@ -47,6 +48,13 @@ from vramlens.workload.load import load_workload
 MiB = 1 << 20
 WORKLOADS = {
     "full bf16": {"model": "qwen2.5-0.5b", "precision": "bf16", "batch": 1, "seq": 1024},
+    "full bf16 whole step": {
+        "model": "qwen2.5-0.5b",
+        "precision": "bf16",
+        "batch": 1,
+        "seq": 1024,
+        "reserved_replay": True,
+    },
     "lora mixed": {"model": "llama-3.2-1b", "method": "lora", "batch": 2, "seq": 2048},
     "full fsdp": {"model": "llama-3.2-1b", "batch": 2, "seq": 2048, "parallel": {"gpus": 8, "shard": "fsdp"}},
     "full ddp": {
@@ -93,6 +101,15 @@ def test_slack_is_the_replayed_vocabulary_part_plus_the_fitted_layer_part(name: 
     assert slack.spread_bytes == int(LAYER_SLACK_SPREAD[(False, sharded)] * sum(churn))
     report = estimate(WORKLOADS[name])
     assert report.reserved_bytes == report.allocated_bytes + slack.total_bytes
+
+
+def test_one_gpu_replays_the_whole_step_only_when_the_workload_asks() -> None:
+    closed, whole = (_parts(WORKLOADS[name])[0] for name in ("full bf16", "full bf16 whole step"))
+    assert not replays_whole_step(closed) and replays_whole_step(whole)
+    ddp = _parts({**WORKLOADS["full ddp"], "reserved_replay": True})[0]
+    assert not replays_whole_step(ddp)  # several GPUs without FSDP2: the closed form whatever the key says
+    notes = [" ".join(estimate(WORKLOADS[name]).assumptions) for name in ("full bf16", "full bf16 whole step")]
+    assert "fitted fractions" in notes[0] and "the whole step replayed" in notes[1]
 
 
 @pytest.mark.parametrize("name", list(WORKLOADS))

@@ -231,14 +231,10 @@ def test_every_knob_step_never_raises_the_peak(model: str, gpus: int, loss: str,
     random groups against the estimator itself. (This test found that the step from one
     micro-batch to gradient accumulation can raise it, and that selective recompute and full
     checkpointing of every 4th layer are not ordered; the search now handles both.) The allocated
-    level must never rise; the device level may rise by the allocator's slack only, within 5%:
+    level must never rise; the device level may rise by the allocator's slack only, within 1%:
     the slack is replayed, and a step's new request sizes can strand a block the old ones did
-    not (Mixtral-8x7B LoRA, batch 4: the chunked loss frees 88 MB and strands 474 MB more; on one
-    GPU, where the whole step is replayed, Llama-3.2-1B batch 4 from no recompute to checkpointing
-    raises the device figure 3.6%, and the simulator's replay of the real code agrees that
-    recompute strands more: reserved - allocated 0.7 GiB without recompute, 6.6 GiB with full
-    recompute), so the pruning can miss a candidate within 5% of the budget, never report a wrong
-    peak."""
+    not (Mixtral-8x7B LoRA, batch 4: the chunked loss frees 88 MB and strands 474 MB more), so
+    the pruning can miss a candidate within 1% of the budget, never report a wrong peak."""
     user, spec, device = prepare(
         {"model": model, "loss": loss, "optimizer": optimizer, "batch": 4}, gpu="h100-80gb", gpus=gpus
     )
@@ -263,4 +259,4 @@ def test_every_knob_step_never_raises_the_peak(model: str, gpus: int, loss: str,
             continue  # into gradient accumulation: not monotone, searched apart (search_group)
         step = peak([*point[:axis], point[axis] + 1, *point[axis + 1 :]])
         where = (axis, [a[i] for a, i in zip(axes, point, strict=True)], here, step)
-        assert step is None or (step[0] <= here[0] and step[1] <= here[1] * 1.05), where
+        assert step is None or (step[0] <= here[0] and step[1] <= here[1] * 1.01), where

@@ -122,7 +122,7 @@ def test_reserved_within_3_percent_of_the_replayed_simulation(model: str, varian
 def _pair(model: str, variant: str) -> tuple[MemoryReport, MemoryReport]:
     """(simulated, estimated) of one training workload, simulated once per session."""
     workload = {"model": model, "batch": 1, "framework": "hf", **_VARIANTS[variant]}
-    return simulate(workload), estimate(workload)
+    return simulate(workload), estimate(workload, reserved_replay=True)
 
 
 @pytest.mark.slow

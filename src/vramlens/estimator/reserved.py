@@ -212,12 +212,14 @@ def training_slack(
 
 
 def replays_whole_step(ctx: TrainingContext) -> bool:
-    """The whole step is replayed, every layer, on one GPU without CPU offload (a model vramlens
-    describes layer by layer, not a generic module): the layers' requests are written from the estimator's own
+    """The whole step is replayed, every layer, when the workload asks for it (``reserved_replay:
+    true``: 10-50 ms an estimate, so not the default of the CLI, the planner and the web page) on one
+    GPU without CPU offload (a model vramlens describes layer by layer, not a generic module): the layers' requests are written from the estimator's own
     terms (:mod:`vramlens.estimator.step_shape`) and checked against the simulator's replay of the
     real code's timeline (``tests/simulator/test_agreement.py``)."""
     parallel = ctx.workload.parallel
-    return parallel.gpus == 1 and parallel.offload is Offload.NONE and ctx.spec.generic is None
+    one_gpu = parallel.gpus == 1 and parallel.offload is Offload.NONE and ctx.spec.generic is None
+    return one_gpu and ctx.workload.reserved_replay
 
 
 def generation_spread(kv_bytes: int, settings: AllocatorSettings) -> int:
