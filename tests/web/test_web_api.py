@@ -167,7 +167,7 @@ def test_plan_answers_what_vramlens_plan_prints(client: Any, cli: Any) -> None:
         else:
             lines.append(line)
     assert [view["title"], view["searched"]] == lines[:2]
-    assert len(view["rows"]) == len(lines) - 3 == 3
+    assert len(view["rows"]) == len(lines) - 3 >= 2  # the rows the CLI prints, whatever their number
     for row, line in zip(view["rows"], lines[3:], strict=True):
         assert line.split()[:5] == [str(row["rank"]), *row["peak"]["text"].split(), *row["headroom"]["text"].split()]
         assert row["relative_step_time"] in line and row["changes"] in line
