@@ -8,12 +8,13 @@ step's activations so that the same request needs a new segment, 20 MiB segments
 ``CUDACachingAllocator.cpp`` the simulator replays its recorded timelines through), under the
 workload's ``alloc_conf``:
 
-* on one GPU, and with parameters sharded by FSDP2, the **whole step is replayed**, every layer:
+* with parameters sharded by FSDP2, and on one GPU when the workload says ``reserved_replay: true``
+  (10-50 ms an estimate, so not the default), the **whole step is replayed**, every layer:
   :mod:`vramlens.estimator.step_pattern` writes the requests the estimator's terms imply in code
   order (:mod:`vramlens.estimator.step_shape`, :mod:`vramlens.estimator.step_layers`), memoized on
   the frozen :class:`~vramlens.estimator.step_shape.StepShape`; checked against the simulator's
   replay of the real code (``tests/simulator/test_agreement.py``, ``test_distributed.py``);
-* data-parallel runs without FSDP2 (DDP, ZeRO, FSDP1) keep two parts: the vocabulary-sized
+* otherwise (one GPU by default; DDP, ZeRO, FSDP1 always) two parts: the vocabulary-sized
   tensors (logits and loss, the head's weight copy, the embedding's and head's gradients and
   state) replayed (the pattern with no decoder layer), and the decoder layers' slack as a
   **closed form**, ``LAYER_SLACK_FRACTION`` of the activation and of the parameter-sized memory
@@ -191,8 +192,8 @@ def training_slack(
     stream's own peak at its own instant and the pools add up, which no fraction of the churn
     represents (``layers_bytes`` is then that replay's slack, ``vocabulary_bytes`` 0). FSDP2's pattern
     is written buffer by buffer from its code and checked against the simulator's replay
-    (``tests/simulator/test_distributed.py``). On one GPU the whole step is replayed as well
-    (:func:`replays_whole_step`); DDP, ZeRO and FSDP1 keep the closed form."""
+    (``tests/simulator/test_distributed.py``). On one GPU the whole step is replayed as well when the
+    workload asks (:func:`replays_whole_step`); DDP, ZeRO and FSDP1 keep the closed form."""
     micro_steps = min(ctx.workload.grad_accum, 2)
     loss = training_loss_script(ctx, mem, targets)
     sharded = ctx.workload.parallel.shard in (Shard.FSDP, Shard.HSDP, Shard.ZERO3)
