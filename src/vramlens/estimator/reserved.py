@@ -34,7 +34,7 @@ from functools import lru_cache
 from typing import Final
 
 from vramlens.allocator import AllocatorSettings
-from vramlens.allocator.pattern import pattern_peaks
+from vramlens.allocator.replaying import replaying_pattern
 from vramlens.estimator.lora_head import training_lora_head, with_head_script
 from vramlens.estimator.loss_outputs import fp32_model_outputs, loss_chunks, model_logits_bytes
 from vramlens.estimator.loss_pattern import LossScript, loss_script
@@ -144,9 +144,12 @@ def training_loss_script(ctx: TrainingContext, mem: StageMemory, targets: frozen
 def replayed_slack(
     shape: StepShape, loss: LossScript, *, layers: int, micro_steps: int, settings: AllocatorSettings
 ) -> int:
-    """Reserved minus allocated peak (bytes) of the step pattern of ``layers`` decoder layers."""
-    peaks = pattern_peaks(step_pattern(shape, loss, layers=layers, micro_steps=micro_steps), settings)
-    return peaks.slack_bytes
+    """Reserved minus allocated peak (bytes) of the step pattern of ``layers`` decoder layers, each
+    request replayed as it is written (:func:`~vramlens.allocator.replaying.replaying_pattern`: the
+    peaks of :func:`~vramlens.allocator.pattern.pattern_peaks` without keeping the events)."""
+    sink = replaying_pattern(settings)
+    step_pattern(shape, loss, layers=layers, micro_steps=micro_steps, into=sink)
+    return sink.peaks().slack_bytes
 
 
 @lru_cache(maxsize=4096)
