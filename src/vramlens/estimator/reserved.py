@@ -9,10 +9,12 @@ step's activations so that the same request needs a new segment, 20 MiB segments
 workload's ``alloc_conf``:
 
 * with parameters sharded by FSDP2, and on one GPU when the workload says ``reserved_replay: true``
-  (10-50 ms an estimate, so not the default), the **whole step is replayed**, every layer:
-  :mod:`vramlens.estimator.step_pattern` writes the requests the estimator's terms imply in code
-  order (:mod:`vramlens.estimator.step_shape`, :mod:`vramlens.estimator.step_layers`), memoized on
-  the frozen :class:`~vramlens.estimator.step_shape.StepShape`; checked against the simulator's
+  (10-50 ms an estimate, 20-90x the default one: ``benchmarks/replay_speed.py``; so not the default),
+  the **whole step is replayed**, every layer: :mod:`vramlens.estimator.step_pattern` writes the
+  requests the estimator's terms imply in code order (:mod:`vramlens.estimator.step_shape`,
+  :mod:`vramlens.estimator.step_layers`) straight into the allocator model
+  (:func:`~vramlens.allocator.replaying.replaying_pattern`, the peaks of the full replay to the byte),
+  memoized on the frozen :class:`~vramlens.estimator.step_shape.StepShape`; checked against the simulator's
   replay of the real code (``tests/simulator/test_agreement.py``, ``test_distributed.py``);
 * otherwise (one GPU by default; DDP, ZeRO, FSDP1 always) two parts: the vocabulary-sized
   tensors (logits and loss, the head's weight copy, the embedding's and head's gradients and
