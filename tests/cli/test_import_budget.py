@@ -41,6 +41,7 @@ ALLOWED = frozenset(
         "vramlens.allocator._caching",
         "vramlens.allocator._replay",
         "vramlens.allocator.pattern",
+        "vramlens.allocator.replaying",
         "vramlens.allocator.streams",
         "vramlens.categories",
         "vramlens.cli",

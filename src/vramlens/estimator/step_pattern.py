@@ -58,9 +58,9 @@ class _Forward:
 class _Writer:
     """Writes the events of ``layers`` decoder layers of ``shape`` into one pattern."""
 
-    def __init__(self, shape: StepShape, loss: LossScript, layers: int) -> None:
+    def __init__(self, shape: StepShape, loss: LossScript, layers: int, into: Pattern) -> None:
         self.shape, self.loss, self.layers = shape, loss, layers
-        self.p = Pattern()
+        self.p = into
         self.grads: list[int] = []
         self.states_made = False
         self.held = -1  # FSDP2: the all-gather output kept for the next copy-out
@@ -383,9 +383,12 @@ def _pieces(total: int, widths: tuple[int, ...]) -> list[int]:
     return [*found, rest] if rest > 0 else found
 
 
-def step_pattern(shape: StepShape, loss: LossScript, *, layers: int, micro_steps: int = 1) -> Pattern:
-    """Load, then two optimizer steps of ``micro_steps`` micro-steps each, for ``layers`` layers."""
-    writer = _Writer(shape, loss, layers)
+def step_pattern(
+    shape: StepShape, loss: LossScript, *, layers: int, micro_steps: int = 1, into: Pattern | None = None
+) -> Pattern:
+    """Load, then two optimizer steps of ``micro_steps`` micro-steps each, for ``layers`` layers,
+    written into ``into`` (a new :class:`Pattern` by default; a replaying one keeps only the peaks)."""
+    writer = _Writer(shape, loss, layers, Pattern() if into is None else into)
     writer.load()
     for _ in range(2):
         for micro in range(min(micro_steps, 2)):
