@@ -197,12 +197,16 @@ def litgpt_style(style: HfStyle) -> HfStyle:
     * keys and values ``repeat_interleave``'d to every query head whenever there are fewer key/value
       heads (training: ``input_pos`` is None), a copy SDPA keeps;
     * LoRA on q, k, v as one ``LoRAQKVLinear`` (:attr:`HfStyle.lora_fused_qkv`);
+    * SDPA with ``is_causal`` and no mask outside sliding-window layers, whatever the family
+      (transformers' Falcon hands SDPA a mask: ``sdpa_mask``);
     * its ``RMSNorm`` multiplies the fp32 normalized tensor by ``weight.float()`` before casting back,
       so a trained norm keeps the fp32 product (as OLMo 2's); a LayerNorm family's is ``nn.LayerNorm``.
 
     Checked with saved-tensor hooks and a tracked ``fit`` loop on CPU (tests/estimator/test_litgpt.py)."""
     norm = NormStyle.RMS_FP32_WEIGHT if style.norm in (NormStyle.RMS, NormStyle.GEMMA) else style.norm
-    return replace(style, norm=norm, kv_repeat=True, qkv_views=True, lora_fused_qkv=True, out_proj_copy=True)
+    return replace(
+        style, norm=norm, kv_repeat=True, qkv_views=True, lora_fused_qkv=True, out_proj_copy=True, sdpa_mask=False
+    )
 
 
 def hf_style(model_type: str) -> HfStyle:
