@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vramlens.allocator.streams import Stream
-from vramlens.estimator.fsdp import accumulates_unsharded, resolved_wrap, units
+from vramlens.estimator.fsdp import accumulates_unsharded, resolved_wrap, units, uses_fsdp2
 from vramlens.estimator.layout import EMBED_NAMES, StageView
 from vramlens.estimator.lora_head import HEAD_NAMES
 from vramlens.estimator.optimizers import optimizer_model
@@ -124,7 +124,7 @@ class StepShape:
     loss_in_model: bool
     """The loss runs inside the model's forward (HF), before the root's post-forward."""
     gather_copy_out: bool
-    """FSDP2 (``FrameworkProfile.fsdp2`` or the ``split`` wrapping): a unit's all-gather output
+    """FSDP2 (:func:`~vramlens.estimator.fsdp.uses_fsdp2` or the ``split`` wrapping): a unit's all-gather output
     (all-gather stream) is copied out into its parameters on the compute stream; else (FSDP1,
     ZeRO-3) the gathered unit itself is made on the all-gather stream."""
     reduce_bytes: int
@@ -305,9 +305,7 @@ def _fsdp_fields(
     FSDP1 split units), the copy-out parameters, unsharded gradients and their streams."""
     spec, parallel, a = ctx.spec, ctx.workload.parallel, ctx.compute_bytes
     gather_edges, gather_layer, gather_grads, gather_embedding, gather_tail = _fsdp_sizes(ctx, stage)
-    copy_out = parallel.shard in (Shard.FSDP, Shard.HSDP) and (
-        ctx.profile.fsdp2 or resolved_wrap(ctx) is FsdpWrap.SPLIT
-    )
+    copy_out = parallel.shard in (Shard.FSDP, Shard.HSDP) and (uses_fsdp2(ctx) or resolved_wrap(ctx) is FsdpWrap.SPLIT)
     return {
         "gather_edges": gather_edges,
         "gather_layer": gather_layer,
