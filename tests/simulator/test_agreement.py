@@ -13,7 +13,7 @@ weights dominate the total, so a bug there would hide in it.
 
 Reserved: the simulator replays every recorded tensor through the caching-allocator model; the
 estimator replays the whole step its own terms imply, tensor by tensor (``estimate/step_pattern.py``,
-every layer), through the same model. Each workload is held within 3%, but three whose slack
+every layer), through the same model. Each workload is held within 3%, but two whose slack
 turns on which cached block one request of the real code lands in (see ``_RESERVED_XFAIL``), and
 the set as a whole: at least 90% of the workloads within 3%, the median error within 1.5%, no bias
 beyond 1%. Before the whole step was replayed (a closed-form per-layer slack fitted to replays),
@@ -93,12 +93,6 @@ _RESERVED_XFAIL = {
     ("qwen2.5-1.5b", "lora bf16 s4096"): (
         "-7.3%: the same mechanism as gemma-3-270m's: the second step's last layer (its LoRA sums, "
         "24-140 MiB) lands in the freed 1.16 GiB logits segment and a 2.32 GiB fp32 loss block is split"
-    ),
-    ("gemma-2-2b", "lora+recompute s8192"): (
-        "-3.5%: Gemma 2's eager attention with logit softcapping makes and frees a chain of score "
-        "tensors (bf16 scores, softcapped copies, the fp32 softmax and its cast; 1-2 GiB each) in every "
-        "layer's forward and recomputed forward; the real chain strands one more 1 GiB score segment "
-        "than the pattern, which writes the layer's eager working set as its peak's tensors at once"
     ),
 }
 

@@ -11,15 +11,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from vramlens.estimator.loss_pattern import Step
 from vramlens.estimator.quantities import StageMemory
-from vramlens.estimator.recompute import layer_activations, layer_kind, train_state
+from vramlens.estimator.recompute import layer_activations, layer_kind, recomputed_score_chain, train_state
 from vramlens.estimator.saved_parts import GATHERED, HEADS, SEQUENCE, Part
 from vramlens.model.modules import layer_linears
 from vramlens.model.spec import LayerKind
 from vramlens.resolve.context import TrainingContext
 from vramlens.workload.options import AttentionImpl
 
-__all__ = ["Saved", "saved_tensors", "tensor_widths"]
+__all__ = ["Saved", "saved_tensors", "score_chain", "tensor_widths"]
 
 
 def saved_tensors(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str]) -> Saved:
@@ -44,6 +45,12 @@ def saved_tensors(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str
     if mem.recompute_bytes and abs(sum(largest) - mem.recompute_bytes) > 0.02 * mem.recompute_bytes:
         largest = _greedy(mem.recompute_bytes, tensor_widths(ctx))  # selective: the attention core's share
     return Saved(lists=[[per_layer] if per_layer else []], index=(), recomputed=largest if mem.recompute_bytes else [])
+
+
+def score_chain(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str]) -> tuple[Step, ...]:
+    """Eager attention's score tensors of a recomputed layer's first forward, one by one
+    (:func:`~vramlens.estimator.recompute.recomputed_score_chain`; empty when none are written)."""
+    return recomputed_score_chain(ctx, train_state(ctx, targets), mem.stage.layer_range)
 
 
 def _greedy(total: int, widths: tuple[int, ...]) -> list[int]:

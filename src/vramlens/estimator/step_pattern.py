@@ -197,9 +197,12 @@ class _Writer:
                 gathered.append(p.alloc(s.gather_layer, Stream.ALL_GATHER))
             casts = [p.alloc(c) for c in s.casts]
             layer, working_bytes = self._layer_forward(i)
+            scores: dict[str, int] = {}
+            self._script(s.score_chain, scores)  # the probabilities stay to the layer's end
             working = [p.alloc(piece) for piece in _pieces(working_bytes, s.widths or (s.hidden,))]
             p.temporary(s.dequant)
             p.free_all(working)
+            p.free_all(list(scores.values()))
             new_hidden = p.alloc(s.hidden)
             p.free(hidden)
             hidden = new_hidden

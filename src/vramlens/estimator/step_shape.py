@@ -22,7 +22,7 @@ from vramlens.estimator.lora_head import HEAD_NAMES
 from vramlens.estimator.optimizers import optimizer_model
 from vramlens.estimator.qlora import unquantized_bytes
 from vramlens.estimator.quantities import StageMemory
-from vramlens.estimator.step_layers import Saved, saved_tensors, tensor_widths
+from vramlens.estimator.step_layers import Saved, saved_tensors, score_chain, tensor_widths
 from vramlens.model.modules import layer_linears
 from vramlens.model.params import norm_parameters
 from vramlens.model.spec import LayerKind
@@ -90,6 +90,12 @@ class StepShape:
     """A layer's copies stay until its backward (no recompute); else the cache drops them after forward."""
     head_cast: int
     forward_working: int
+    """A layer's forward working set written as tensors after its saved ones (beside the score chain's
+    probabilities when there is a chain)."""
+    score_chain: tuple[tuple[str, str, int], ...]
+    """Eager attention's score tensors in a recomputed layer's first forward, in code order, the
+    probabilities (``probs``) left alive to the end of the layer
+    (:func:`~vramlens.estimator.step_layers.score_chain`; empty otherwise)."""
     working: int
     hidden: int
     """One hidden state of the micro-batch (the residual stream between layers)."""
@@ -256,6 +262,7 @@ def step_shape(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str], 
     a = ctx.compute_bytes
     saved = saved_tensors(ctx, mem, targets) if layers else Saved(lists=[[]], index=(), recomputed=[])
     full_cast = ctx.autocast and ctx.full
+    chain = score_chain(ctx, mem, targets) if layers else ()
     return StepShape(
         layers=stage.layers,
         edge_params=tuple(int(e * edge_bytes) // d_param for e in edges),
@@ -283,7 +290,8 @@ def step_shape(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str], 
         casts=tuple(w * a for w in layer_trained[0] if w > spec.hidden_size) if full_cast and layers else (),
         casts_kept=ctx.workload.recompute is Recompute.NONE,
         head_cast=table * a if full_cast and stage.last else 0,
-        forward_working=mem.forward_working_bytes,
+        forward_working=mem.forward_besides_scores_bytes if chain else mem.forward_working_bytes,
+        score_chain=chain,
         working=mem.working_bytes,
         hidden=ctx.tokens * spec.hidden_size * a,
         widths=tensor_widths(ctx) if layers else (),
