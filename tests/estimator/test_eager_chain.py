@@ -2,10 +2,12 @@
 installed transformers.
 
 transformers' own ``eager_attention_forward`` (Llama's; Gemma 2's, which soft-caps the scores) runs
-on CPU without grad under ``vramlens.track``; the score-sized tensors it makes and frees, in order,
-are the chain's steps (the returned probabilities stay alive, as the decoder layer holds them). The
-chain is what the whole-step allocator replay writes for a recomputed layer's first forward
-(``tests/simulator/test_agreement.py``: Gemma 2 with LoRA and full recompute at 8192 tokens).
+on CPU under ``vramlens.track``, without grad and with it; the score-sized tensors it makes and
+frees, in order, are the chain's steps (the returned probabilities stay alive, as the decoder layer
+holds them; with grad autograd also keeps the tanh's and the softmax's outputs). The whole-step
+allocator replay writes the chain without grad for a recomputed layer's first forward
+(``tests/simulator/test_agreement.py``: Gemma 2 with LoRA and full recompute at 8192 tokens) and with
+grad in a LoRA layer's forward (``estimator/layer_script.py``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ pytestmark = [requires_hf, pytest.mark.hf]
 _B, _HEADS, _KV, _SEQ, _DIM = 1, 4, 2, 64, 16
 
 
-def _tracked(family: str, dtype_name: str) -> list[tuple[str, int]]:
+def _tracked(family: str, dtype_name: str, *, grad: bool) -> list[tuple[str, int]]:
     """(sign, bytes) of every score-sized event of one eager attention call."""
     import torch
 
@@ -46,10 +48,10 @@ def _tracked(family: str, dtype_name: str) -> list[tuple[str, int]]:
         training = False
 
     dtype = getattr(torch, dtype_name)
-    q = torch.randn(_B, _HEADS, _SEQ, _DIM, dtype=dtype)
-    k, v = (torch.randn(_B, _KV, _SEQ, _DIM, dtype=dtype) for _ in range(2))
+    q = torch.randn(_B, _HEADS, _SEQ, _DIM, dtype=dtype, requires_grad=grad)
+    k, v = (torch.randn(_B, _KV, _SEQ, _DIM, dtype=dtype, requires_grad=grad) for _ in range(2))
     mask = torch.zeros(_B, 1, _SEQ, _SEQ, dtype=dtype)
-    with torch.no_grad(), vramlens.track(inputs=[q, k, v, mask]) as tracker:
+    with torch.set_grad_enabled(grad), vramlens.track(inputs=[q, k, v, mask]) as tracker:
         kept = eager_attention_forward(Module(), q, k, v, mask, scaling=0.25, dropout=0.0, **extra)
     del kept
     scores = _B * _HEADS * _SEQ * _SEQ
@@ -57,7 +59,7 @@ def _tracked(family: str, dtype_name: str) -> list[tuple[str, int]]:
     return [("+" if n > 0 else "-", abs(n)) for n in events if abs(n) in (2 * scores, 4 * scores)]
 
 
-def _chain(model: str, compute_bytes: int) -> list[tuple[str, int]]:
+def _chain(model: str, compute_bytes: int, *, grad: bool) -> list[tuple[str, int]]:
     spec = load_model(model)
     steps = eager_score_chain(
         spec,
@@ -66,6 +68,7 @@ def _chain(model: str, compute_bytes: int) -> list[tuple[str, int]]:
         autocast=False,
         seq=_SEQ,
         tokens=_B * _SEQ,
+        grad=grad,
     )
     scale = _HEADS / spec.num_heads  # the tracked call runs _HEADS heads
     made: dict[str, int] = {}
@@ -77,11 +80,14 @@ def _chain(model: str, compute_bytes: int) -> list[tuple[str, int]]:
     return found
 
 
+@pytest.mark.parametrize("grad", [False, True], ids=["no grad", "grad"])
 @pytest.mark.parametrize(("family", "model"), [("gemma2", "gemma-2-2b"), ("llama", "llama-3.2-1b")])
 @pytest.mark.parametrize(("dtype", "compute_bytes"), [("bfloat16", 2), ("float32", 4)])
-def test_score_chain_is_transformers_eager_attention(family: str, model: str, dtype: str, compute_bytes: int) -> None:
-    chain = _chain(model, compute_bytes)
-    assert chain == _tracked(family, dtype)
+def test_score_chain_is_transformers_eager_attention(
+    family: str, model: str, dtype: str, compute_bytes: int, grad: bool
+) -> None:
+    chain = _chain(model, compute_bytes, grad=grad)
+    assert chain == _tracked(family, dtype, grad=grad)
     assert chain.count(("+", compute_bytes * _B * _HEADS * _SEQ * _SEQ)) >= 3  # the chain is written out
 
 

@@ -69,16 +69,25 @@ def eager_transients(
 
 
 def eager_score_chain(
-    spec: ModelSpec, style: HfStyle, *, compute_bytes: int, autocast: bool, seq: int, tokens: int, tp: int = 1
+    spec: ModelSpec,
+    style: HfStyle,
+    *,
+    compute_bytes: int,
+    autocast: bool,
+    seq: int,
+    tokens: int,
+    tp: int = 1,
+    grad: bool = False,
 ) -> tuple[Step, ...]:
-    """Eager attention's score tensors of ``tokens`` queries in a forward without grad, in code order
-    (``("+", name, bytes)`` makes one, ``("-", name, 0)`` frees it; the probabilities, ``probs``, are
-    left alive). Read from transformers 5.x ``eager_attention_forward`` (Llama, Gemma 2, ...):
-    ``matmul(q, k^T) * scaling``, Gemma 2's soft-cap ``/ cap``, ``tanh``, ``* cap``, ``+ mask`` (each
-    a new tensor, the previous freed when the local is rebound), ``softmax(dtype=float32)`` (an fp32
-    up-cast of bf16 scores, then the fp32 output, the up-cast freed), ``.to(q.dtype)``. The same
-    dtypes as :func:`eager_transients`, whose no-grad peak (masked scores, up-cast, fp32 output) the
-    chain reaches. Empty for gpt-oss's sinks (a chain of its own, not written here)."""
+    """Eager attention's score tensors of ``tokens`` queries, in code order (``("+", name, bytes)``
+    makes one, ``("-", name, 0)`` frees it; the probabilities, ``probs``, are left alive). Read from
+    transformers 5.x ``eager_attention_forward`` (Llama, Gemma 2, ...): ``matmul(q, k^T) * scaling``,
+    Gemma 2's soft-cap ``/ cap``, ``tanh``, ``* cap``, ``+ mask`` (each a new tensor, the previous
+    freed when the local is rebound), ``softmax(dtype=float32)`` (an fp32 up-cast of bf16 scores,
+    then the fp32 output, the up-cast freed), ``.to(q.dtype)``. The same dtypes as
+    :func:`eager_transients`, whose no-grad peak (masked scores, up-cast, fp32 output) the chain
+    reaches. With ``grad`` autograd keeps the tanh's and the softmax's outputs (left alive too).
+    Empty for gpt-oss's sinks (a chain of its own, not written here)."""
     if spec.attn.sinks:
         return ()
     a = compute_bytes
@@ -89,7 +98,7 @@ def eager_score_chain(
     last = "scaled"
     if spec.attn.logit_softcap:
         for name in ("divided", "tanh", "capped"):
-            steps += [("+", name, a * n), ("-", last, 0)]
+            steps += [("+", name, a * n)] + ([] if grad and last == "tanh" else [("-", last, 0)])
             last = name
     steps += [("+", "masked", masked * n), ("-", last, 0)]
     output = "softmax" if softmax != a else "probs"  # .to(q.dtype) is a no-op when the dtypes agree
@@ -98,5 +107,5 @@ def eager_score_chain(
     else:
         steps += [("+", output, softmax * n)]
     if softmax != a:
-        steps += [("+", "probs", a * n), ("-", "softmax", 0)]
+        steps += [("+", "probs", a * n)] + ([] if grad else [("-", "softmax", 0)])
     return (*steps, ("-", "masked", 0))

@@ -17,6 +17,7 @@ from typing import Any
 
 from vramlens.allocator.streams import Stream
 from vramlens.estimator.fsdp import accumulates_unsharded, resolved_wrap, units
+from vramlens.estimator.layer_script import ForwardScript
 from vramlens.estimator.layout import EMBED_NAMES, StageView
 from vramlens.estimator.lora_head import HEAD_NAMES
 from vramlens.estimator.optimizers import optimizer_model
@@ -78,6 +79,10 @@ class StepShape:
     """For each entry of ``saved``: PEFT's adapter sums of each adapted linear in module order, as
     (its base output is made before saved tensor n, its sum after saved tensor m, out elements x
     tokens) (empty without LoRA or under recompute)."""
+    forward_scripts: tuple[ForwardScript | None, ...]
+    """For each entry of ``saved``: its layers' forward in code order, the saved tensors among the
+    tensors nobody keeps (:func:`~vramlens.estimator.layer_script.lora_forward_script`), or None
+    where the layer is written from ``saved`` and ``adapter_sums``."""
     compute_bytes: int
     """Bytes per element of activations (the compute dtype)."""
     adapter_bytes: int
@@ -284,6 +289,7 @@ def step_shape(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str], 
         saved=tuple(tuple(each) for each in saved.lists),
         saved_kind=saved.index,
         adapter_sums=tuple(tuple(each) for each in saved.adapters),
+        forward_scripts=tuple(saved.scripts),
         compute_bytes=a,
         adapter_bytes=2 if ctx.autocast or not ctx.profile.adapters_fp32 else 4,
         recomputed=tuple(saved.recomputed),
