@@ -59,6 +59,7 @@ ALLOWED = frozenset(
         "vramlens.estimator.autocast_casts",
         "vramlens.estimator.fsdp",
         "vramlens.estimator.hook_step",
+        "vramlens.estimator.layer_script",
         "vramlens.estimator.layout",
         "vramlens.estimator.logits",
         "vramlens.estimator.logits_terms",

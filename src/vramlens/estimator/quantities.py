@@ -248,6 +248,7 @@ def _working_sets(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str
     over_kept, eager_backward, eager_forward = eager_attention_working(
         ctx, train_state(ctx, targets), mem.stage.layer_range
     )
+    mem.forward_besides_scores_bytes = int(tokens * (forward / tp + mem.masks_bytes_per_token))
     forward = max(forward, eager_forward if recompute else over_kept)
     backward = max(backward, eager_backward, over_kept if recompute else 0)
     # A state mixer's scan backward (recompute.scan_backward_beyond), already per rank.

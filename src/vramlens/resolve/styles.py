@@ -78,10 +78,19 @@ class HfStyle:
     residual stream and the MLP input: the layer's input (the caller's loop variable, once
     the layer rebinds ``residual``) in sequential blocks, the attention output in parallel
     blocks (Phi, GPT-NeoX); GPT2Block holds both (``attn_output`` is a local)."""
+    qk_norm_after_values: bool = False
+    """The q/k norms run after all three projections (Gemma 3: ``q_norm`` on the transposed queries
+    once ``v_proj`` has run); False: each right after its projection (Qwen 3 and OLMo 2:
+    ``q_norm(q_proj(x))``). Where the layer's tensors are made, not how many
+    (:mod:`vramlens.estimator.layer_script`)."""
     rope_sets: int = 1
     """Rotary (cos, sin) tables the model computes once per forward (Gemma 3: local and global)."""
     rope_fp32: bool = False
     """Rotary embeddings are applied in fp32 (Cohere's ``apply_rotary_pos_emb`` up-casts q and k)."""
+    rope_tables_fp32: bool = False
+    """The rotary (cos, sin) tables stay fp32 (OLMo 2's ``Olmo2RotaryEmbedding`` does not cast them to
+    the input's dtype), so ``q * cos``, ``rotate_half(q) * sin`` and their sum are fp32, cast back
+    once both q and k are rotated (:mod:`vramlens.estimator.layer_script`)."""
     router_topk_first: bool = False
     """The MoE router takes the top-k of its logits and softmaxes only those, in the compute dtype
     (gpt-oss ``GptOssTopKRouter``): no expert-wide fp32 probabilities are kept."""
@@ -128,12 +137,26 @@ HF_STYLES: Final[dict[str, HfStyle]] = {
     "deepseek_v2": HfStyle(router_fp32=True),
     "deepseek_v3": HfStyle(router_fp32=True),
     "olmo2": HfStyle(
-        norm=NormStyle.RMS_FP32_WEIGHT, pre_attn_norm=False, pre_mlp_norm=False, post_attn_norm=True, post_mlp_norm=True
+        norm=NormStyle.RMS_FP32_WEIGHT,
+        pre_attn_norm=False,
+        pre_mlp_norm=False,
+        post_attn_norm=True,
+        post_mlp_norm=True,
+        rope_tables_fp32=True,
     ),
     "gemma": HfStyle(norm=NormStyle.GEMMA),
     "gemma2": HfStyle(norm=NormStyle.GEMMA, post_attn_norm=True, post_mlp_norm=True, sdpa=False),
-    "gemma3_text": HfStyle(norm=NormStyle.GEMMA, post_attn_norm=True, post_mlp_norm=True, rope_sets=2),
-    "gemma3": HfStyle(norm=NormStyle.GEMMA, post_attn_norm=True, post_mlp_norm=True, rope_sets=2, training_cache=True),
+    "gemma3_text": HfStyle(
+        norm=NormStyle.GEMMA, post_attn_norm=True, post_mlp_norm=True, rope_sets=2, qk_norm_after_values=True
+    ),
+    "gemma3": HfStyle(
+        norm=NormStyle.GEMMA,
+        post_attn_norm=True,
+        post_mlp_norm=True,
+        rope_sets=2,
+        training_cache=True,
+        qk_norm_after_values=True,
+    ),
     "phi": HfStyle(norm=NormStyle.LAYERNORM, pre_mlp_norm=False, out_proj_copy=True),
     "gpt2": HfStyle(norm=NormStyle.LAYERNORM, eager_softmax_fp32=False, held_embeddings=2, mlp_held=2),
     "gpt_neox": HfStyle(norm=NormStyle.LAYERNORM, out_proj_copy=True, qkv_views=True),
