@@ -15,7 +15,6 @@ import contextlib
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
-from unittest import mock
 
 from vramlens._extras import require
 from vramlens.errors import InputError
@@ -62,6 +61,8 @@ def real_code_paths() -> Iterator[None]:
       (Found by comparing a fake run with a real one; +2 MiB on a 4 x 128 batch.)
     * Dropout, through :func:`cuda_code_paths`.
     """
+    from unittest import mock  # here: unittest imports asyncio, which nothing else the package loads needs
+
     masking_utils = require("transformers.masking_utils", purpose="vramlens simulate")
     with (
         mock.patch.object(masking_utils, "find_packed_sequence_indices", lambda position_ids: None),
@@ -88,6 +89,8 @@ def cuda_code_paths() -> Iterator[None]:
       per-group fallback whose meta function fake tensors lack
       (:mod:`vramlens.simulator._grouped_mm`).
     """
+    from unittest import mock
+
     from vramlens.simulator._grouped_mm import any_dtype_grouped_mm
 
     torch = require("torch", purpose="vramlens simulate")
@@ -233,6 +236,8 @@ def _no_meta_init(torch: Any) -> Iterator[None]:
     device mode and the meta decompositions (about 40% of building a 32-layer model). Shapes,
     dtypes and the module tree are unchanged; ``to_empty`` makes the real (fake) tensors after.
     Modules that imported an initialiser by name keep the real one (slower, the same model)."""
+
+    from unittest import mock
 
     def unchanged(tensor: Any, *args: Any, **kwargs: Any) -> Any:
         return tensor
