@@ -30,6 +30,7 @@ ALLOWED = frozenset(
     {
         "vramlens",
         "vramlens._compat",
+        "vramlens._dataclass_cache",
         "vramlens._files",
         "vramlens._lazy",
         "vramlens._notes",
