@@ -25,6 +25,7 @@ from vramlens.estimator.recompute import LayerActivations, eager_attention_worki
 from vramlens.estimator.ring_attention import ring_backward_bytes
 from vramlens.estimator.stage_memory import WHOLE_STEP, Formula, StageMemory, Summed, size_free_effect
 from vramlens.estimator.trl_head import head_input_per_token
+from vramlens.estimator.zero3 import grad_partitions_whole_step
 from vramlens.model.modules import layer_linears
 from vramlens.resolve.context import TrainingContext
 from vramlens.units import format_bytes
@@ -113,6 +114,11 @@ def _gradients(ctx: TrainingContext, mem: StageMemory) -> None:
     d_grad = _sharded(parallel.shard, ctx.shard_group, _GRAD_SHARDED)
     buffers = gradient_buffers(ctx, stage)
     on_cpu_grads = buffers is not None and buffers.partitions_on_cpu
+    alive = (
+        "whole step (ZeRO-3's grad_partitions_flat_buffer, allocated at initialization)"
+        if grad_partitions_whole_step(ctx)
+        else "from their layer's backward to the optimizer step"
+    )
     for group in stage.trainable if not on_cpu_grads else ():
         mem.add(
             f"gradients ({group.name})",
@@ -120,7 +126,7 @@ def _gradients(ctx: TrainingContext, mem: StageMemory) -> None:
             group.elements * group.grad_bytes / d_grad,
             _per_element_formula(group.elements, group.grad_bytes, d_grad),
             into="grads_bytes",
-            alive="from their layer's backward to the optimizer step",
+            alive=alive,
         )
     if buffers is not None and buffers.buffer_bytes:
         mem.add(
