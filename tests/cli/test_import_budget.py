@@ -58,6 +58,7 @@ ALLOWED = frozenset(
         "vramlens.estimator.autocast_casts",
         "vramlens.estimator.fsdp",
         "vramlens.estimator.zero3",
+        "vramlens.estimator.zero3_terms",
         "vramlens.estimator.hook_step",
         "vramlens.estimator.layout",
         "vramlens.estimator.logits",

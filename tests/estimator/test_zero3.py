@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from vramlens.estimator.zero3 import Zero3Model, gathered_elements, inflight_gradients, reuse_kept
+from vramlens.estimator.zero3 import Zero3Model, gathered_elements, inflight_gradients, reuse_kept, step_sub_group
 from vramlens.resolve.zero import ZeroSettings
 
 _LAYER = (256, 256, 65_536, 16_384, 16_384, 65_536, 176_128, 176_128, 176_128)
@@ -24,7 +24,7 @@ _ALL = 4 * _P + 2 * 512_000 + 256  # every element of the model
 def _settings(max_live: int, max_reuse: int, prefetch: int = 58_982) -> ZeroSettings:
     return ZeroSettings(
         reduce_bucket=65_536, prefetch_bucket=prefetch, max_live=max_live, max_reuse=max_reuse,
-        persistence_threshold=2_560, note="",
+        persistence_threshold=2_560, sub_group=10**9, note="",
     )  # fmt: skip
 
 
@@ -85,3 +85,9 @@ def test_a_tied_table_is_the_head_used_again_last() -> None:
     everything = gathered_elements(tied, _settings(10**9, 10**9))
     assert everything.first_layers == everything.loss  # the table stays: the embedding's backward uses it
     assert everything.end == _PERSISTENT + 512_000
+
+
+def test_the_optimizer_steps_one_sub_group_at_a_time() -> None:
+    assert step_sub_group(1_897_600, 88_064, 10**9) == 1_897_600  # the tiny model: one sub group
+    # 70B over 8 ranks: 8.7e9 elements a rank, sub groups of 1e9 and one tensor's partition more
+    assert step_sub_group(8_700_000_000, 29_360_128, 10**9) == 1_029_360_128

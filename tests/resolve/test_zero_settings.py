@@ -22,6 +22,7 @@ _FIELDS = {
     "stage3_max_live_parameters": "max_live_parameters",
     "stage3_max_reuse_distance": "max_reuse_distance",
     "stage3_param_persistence_threshold": "param_persistence_threshold",
+    "sub_group_size": "sub_group_size",
 }
 
 
@@ -42,7 +43,7 @@ def test_the_assumed_values_are_what_hf_trainer_fills_for_auto() -> None:
     from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
 
     zero = {"stage": 3, **{key: "auto" for key in _FIELDS}}
-    zero |= {"stage3_max_live_parameters": 1e9, "stage3_max_reuse_distance": 1e9}
+    zero |= {"stage3_max_live_parameters": 1e9, "stage3_max_reuse_distance": 1e9, "sub_group_size": 1e9}
     hf = HfTrainerDeepSpeedConfig({"zero_optimization": zero})
     args = SimpleNamespace(get_warmup_steps=lambda steps: 1)
     hf.trainer_config_finalize(args, SimpleNamespace(config=SimpleNamespace(hidden_size=_H)), 10)

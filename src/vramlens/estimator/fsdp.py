@@ -32,7 +32,6 @@ from typing import Protocol
 
 from vramlens.categories import Category
 from vramlens.estimator.layout import StageView
-from vramlens.estimator.zero3 import gathered_elements, inflight_gradients, zero3_model
 from vramlens.resolve.context import TrainingContext
 from vramlens.workload.options import Framework, FsdpWrap, Offload, Shard
 
@@ -45,7 +44,6 @@ __all__ = [
     "root_unsharded",
     "split_unsharded",
     "units",
-    "zero3_unsharded",
 ]
 
 _PARAM_SHARDED = {Shard.ZERO3, Shard.FSDP, Shard.HSDP}
@@ -258,8 +256,6 @@ def fsdp_memory(ctx: TrainingContext, stage: StageView, add: AddTerm, notes: lis
     parallel = ctx.workload.parallel
     if parallel.shard not in _PARAM_SHARDED and parallel.offload is not Offload.OPTIMIZER_PARAMS:
         return Unsharded()
-    if parallel.shard is Shard.ZERO3 and ctx.zero is not None:
-        return zero3_unsharded(ctx, stage, add, notes)
     wrap = resolved_wrap(ctx)
     if parallel.shard in (Shard.FSDP, Shard.HSDP) and ctx.workload.fsdp_wrap is FsdpWrap.AUTO:
         notes.append(f"fsdp_wrap auto: {wrap} ({ctx.profile.name} default; {_WRAPS[wrap]})")
@@ -294,40 +290,6 @@ def fsdp_memory(ctx: TrainingContext, stage: StageView, add: AddTerm, notes: lis
         )
     kept = {f.name: getattr(found, f.name) for f in fields(found)}
     return Unsharded(**kept | {"accumulated_grads": accumulated, "how": how})
-
-
-def zero3_unsharded(ctx: TrainingContext, stage: StageView, add: AddTerm, notes: list[str]) -> Unsharded:
-    """DeepSpeed ZeRO-3: the parameters its coordinator keeps gathered at each instant and the full
-    gradients in flight (:mod:`vramlens.estimator.zero3`), with its report term and assumed sizes."""
-    assert ctx.zero is not None
-    settings, a, g = ctx.zero, ctx.compute_bytes, ctx.grad_bytes
-    model = zero3_model(ctx, stage, settings)
-    gathered = gathered_elements(model, settings)
-    trained = model.largest if ctx.full else max((t for t in model.layer[-1:]), default=0)
-    layer, first, end = inflight_gradients(model, trained, edges_trained=ctx.full, bucket=settings.reduce_bucket)
-    if settings.note:
-        notes.append(settings.note)
-    how = (
-        f"ZeRO-3 coordinator: persistent {model.persistent:,} elements + of the rest at most max(kept by "
-        f"stage3_max_reuse_distance {settings.max_reuse:,}, stage3_max_live_parameters {settings.max_live:,} + one "
-        f"tensor {model.largest:,}), x {a} B; full gradients in flight x {g} B"
-    )
-    add(
-        "ZeRO-3 gathered parameters (prefetched up to stage3_max_live_parameters, kept within the reuse distance)",
-        Category.TEMPORARY,
-        gathered.loss * a,
-        lambda: f"{gathered.loss:,} elements at the loss x {a} B ({how})",
-        alive="from the first layers' forward into the backward",
-    )
-    return Unsharded(
-        forward_layer=gathered.forward_layer * a,
-        loss=gathered.loss * a,
-        backward_start=gathered.loss * a,
-        first_layers=gathered.first_layers * a + first * g,
-        last_layer=gathered.last_layer * a + layer * g,
-        end=gathered.end * a + end * g,
-        how=how,
-    )
 
 
 def _split_terms(u: Units, found: Unsharded, add: AddTerm) -> None:

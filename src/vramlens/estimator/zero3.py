@@ -199,6 +199,15 @@ def inflight_gradients(model: Zero3Model, trained: int, *, edges_trained: bool, 
     return layer, max(layer, head + trained), table + waiting
 
 
+def step_sub_group(partition: int, largest: int, sub_group: int) -> int:
+    """Elements of the largest optimizer sub group of a rank's ``partition``: ZeRO-3 adds parameters'
+    partitions to a sub group until it holds ``sub_group_size`` (``_create_fp16_sub_groups``), so at
+    most that plus one (``largest``) partition. Each sub group's gradients are flattened in their own
+    dtype, cast to fp32 (both alive in the cast) and freed after its step
+    (``_prepare_fp32_grad_for_sub_group``, ``_release_sub_group``)."""
+    return min(partition, sub_group + largest)
+
+
 def grad_partitions_whole_step(ctx: TrainingContext) -> bool:
     """ZeRO-3 keeps its gradient partitions in one buffer allocated at initialization
     (``grad_partitions_flat_buffer``), on the GPU unless the optimizer is offloaded: alive from the

@@ -5,8 +5,8 @@ default from :data:`ZERO_DEFAULTS`: the value the HF Trainer fills for DeepSpeed
 (``transformers/integrations/deepspeed.py``, ``HfTrainerDeepSpeedConfig.trainer_config_finalize``:
 ``reduce_bucket_size = hidden_size**2``, ``stage3_prefetch_bucket_size = int(0.9 * hidden_size**2)``,
 ``stage3_param_persistence_threshold = 10 * hidden_size``), which HF's example ZeRO configs ask for,
-and DeepSpeed's own default where HF's examples write a number (``stage3_max_live_parameters`` and
-``stage3_max_reuse_distance``: ``1e9`` in both). DeepSpeed's own defaults, for a config that leaves
+and DeepSpeed's own default where HF's examples write a number (``stage3_max_live_parameters``,
+``stage3_max_reuse_distance`` and ``sub_group_size``: ``1e9`` in both). DeepSpeed's own defaults, for a config that leaves
 a key out without the HF Trainer, are in the table too. Read by :mod:`vramlens.estimator.zero3` and
 :mod:`vramlens.estimator.offload`.
 """
@@ -55,6 +55,8 @@ ZERO_DEFAULTS: Final[dict[str, ZeroDefault]] = {
                     formula="1e9 (DeepSpeed's and HF's example configs)", source=_DS_CONFIG),
         ZeroDefault(key="stage3_param_persistence_threshold", deepspeed=100_000, assumed=lambda h: 10 * h,
                     formula="10 x hidden_size (HF auto)", source=f"{_HF_AUTO}; DeepSpeed's own 1e5: {_DS_CONFIG}"),
+        ZeroDefault(key="sub_group_size", deepspeed=1_000_000_000, assumed=lambda h: 1_000_000_000,
+                    formula="1e9 (DeepSpeed's and HF's example configs)", source=_DS_CONFIG),
     )
 }  # fmt: skip
 
@@ -73,6 +75,8 @@ class ZeroSettings:
     """``stage3_max_reuse_distance``: a parameter used again within this many elements stays gathered."""
     persistence_threshold: int
     """``stage3_param_persistence_threshold``: tensors of at most this many elements stay gathered."""
+    sub_group: int
+    """``sub_group_size``: ZeRO-3 steps its partition in groups of about this many elements."""
     note: str
     """What was assumed, for the report (empty when the workload set every size)."""
 
@@ -87,7 +91,7 @@ def zero_settings(hidden_size: int, parallel: Parallelism) -> ZeroSettings | Non
     for key, default in ZERO_DEFAULTS.items():
         given = getattr(parallel, key)
         values[key] = default.assumed(hidden_size) if given is None else given
-        stage3 = key.startswith("stage3_")
+        stage3 = key != "reduce_bucket_size"
         if given is None and (parallel.shard is Shard.ZERO3 or not stage3):
             assumed.append(f"{key} {values[key]:,} = {default.formula}")
     return ZeroSettings(
@@ -96,5 +100,6 @@ def zero_settings(hidden_size: int, parallel: Parallelism) -> ZeroSettings | Non
         max_live=values["stage3_max_live_parameters"],
         max_reuse=values["stage3_max_reuse_distance"],
         persistence_threshold=values["stage3_param_persistence_threshold"],
+        sub_group=values["sub_group_size"],
         note=("DeepSpeed ZeRO sizes not given, assumed: " + "; ".join(assumed)) if assumed else "",
     )

@@ -223,6 +223,8 @@ KEYS: Final[tuple[Key, ...]] = (
         range=_elements(0), help="DeepSpeed ZeRO-3: a parameter reused within this many is kept gathered; none: 1e9"),
     Key(path="parallel.stage3_param_persistence_threshold", kind=I, unit="elements", nullable=True, since=V01,
         range=_elements(0), help="DeepSpeed ZeRO-3: tensors this small stay gathered; none: 10 x hidden_size (HF auto)"),
+    Key(path="parallel.sub_group_size", kind=I, unit="elements", nullable=True, since=V01, range=_elements(1),
+        help="DeepSpeed ZeRO-3: partition elements the optimizer steps at once; none: 1e9 (DeepSpeed's)"),
 )  # fmt: skip
 
 

@@ -52,8 +52,10 @@ _INTEGER_KEYS = (
 #: DeepSpeed ZeRO's sizes in :class:`Parallelism` (elements; None: the defaults of :mod:`vramlens.resolve.zero`).
 _ZERO_SIZES = (
     "reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_max_live_parameters", "stage3_max_reuse_distance",
-    "stage3_param_persistence_threshold",
+    "stage3_param_persistence_threshold", "sub_group_size",
 )  # fmt: skip
+#: The sizes only ZeRO-3 reads.
+_ZERO3_ONLY = frozenset(name for name in _ZERO_SIZES if name != "reduce_bucket_size")
 
 
 def _check(condition: bool, message: str) -> None:
@@ -123,6 +125,8 @@ class Parallelism:
     """DeepSpeed ZeRO-3's ``stage3_max_reuse_distance`` (elements); None: DeepSpeed's default."""
     stage3_param_persistence_threshold: int | None = None
     """DeepSpeed ZeRO-3's ``stage3_param_persistence_threshold`` (elements); None: HF Trainer's ``auto``."""
+    sub_group_size: int | None = None
+    """DeepSpeed ZeRO-3's ``sub_group_size`` (elements); None: DeepSpeed's default."""
 
     def __post_init__(self) -> None:
         for name in ("gpus", "tp", "pp", "cp", "ep"):
@@ -175,7 +179,7 @@ class Parallelism:
             if value is None:
                 continue
             check_range(f"parallel.{name}", value)
-            stages = (Shard.ZERO3,) if name.startswith("stage3_") else (Shard.ZERO1, Shard.ZERO2, Shard.ZERO3)
+            stages = (Shard.ZERO3,) if name in _ZERO3_ONLY else (Shard.ZERO1, Shard.ZERO2, Shard.ZERO3)
             _check(
                 self.shard in stages,
                 f"parallel.{name}: a DeepSpeed ZeRO setting, read with parallel.shard "

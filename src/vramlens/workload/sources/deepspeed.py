@@ -40,7 +40,7 @@ _TOP_IGNORED: Final = frozenset({
 #: DeepSpeed's ZeRO sizes the estimator models, each a ``parallel`` key of the same name ("auto": HF Trainer's fill).
 _ZERO_SIZES: Final = (
     "reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_max_live_parameters", "stage3_max_reuse_distance",
-    "stage3_param_persistence_threshold",
+    "stage3_param_persistence_threshold", "sub_group_size",
 )  # fmt: skip
 _ZERO_USED: Final = frozenset(
     {"stage", "offload_optimizer", "offload_param", "cpu_offload", "cpu_offload_params", *_ZERO_SIZES}
@@ -187,8 +187,9 @@ def _sizes(out: MappingBuilder, zero: Mapping[str, Any], stage: int) -> None:
         raw = zero.get(key)
         if raw is None or _auto(raw):
             continue
-        if (key.startswith("stage3_") and stage != 3) or stage == 0:
-            out.note(f"zero_optimization.{key} is read at ZeRO stage {'3' if key.startswith('stage3_') else '1-3'} "
+        stage3 = key != "reduce_bucket_size"
+        if (stage3 and stage != 3) or stage == 0:
+            out.note(f"zero_optimization.{key} is read at ZeRO stage {'3' if stage3 else '1-3'} "
                      f"only; ignored at stage {stage}")  # fmt: skip
             continue
         out.set(
