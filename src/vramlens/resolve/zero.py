@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Final
 
 from vramlens.workload.options import Shard
@@ -81,6 +82,7 @@ class ZeroSettings:
     """What was assumed, for the report (empty when the workload set every size)."""
 
 
+@lru_cache(maxsize=1024)
 def zero_settings(hidden_size: int, parallel: Parallelism) -> ZeroSettings | None:
     """The sizes for ``parallel`` (None without a ZeRO stage): each key the workload sets, else
     :data:`ZERO_DEFAULTS`' assumed value for ``hidden_size``."""
