@@ -2,7 +2,8 @@
 ``deepspeed.initialize`` (DeepSpeed's CPU accelerator, gloo), tracked with vramlens'
 ``StorageTracker``. Run as a script so DeepSpeed's process group and environment stay out of
 pytest: ``deepspeed_run.py WORLD BATCH SEQ CASES`` (one process per rank, started here; ``CASES`` a
-JSON list of ``[stage, {zero_optimization keys}]``, run one after the other in the same processes);
+JSON list of ``[stage, {zero_optimization keys}, checkpointing]``, run one after the other in the same
+processes; checkpointing: transformers' ``gradient_checkpointing_enable()``, non-reentrant);
 rank 0 prints ``{"peaks": [[...], ...]}``, each case's peak per rank. Used by
 tests/estimator/test_deepspeed.py.
 
@@ -75,8 +76,9 @@ def _held(engine: Any) -> list[Any]:
     return [t for t in found if not t.is_meta]
 
 
-def _track_case(rank: int, world: int, stage: int, extra: dict[str, Any], batch: int, seq: int) -> list[int]:
+def _track_case(rank: int, world: int, case: list[Any], batch: int, seq: int) -> list[int]:
     """One case on one rank: build the model, initialize DeepSpeed, track two steps, gather the peaks."""
+    stage, extra, checkpointing = case
     import deepspeed
     import torch
     import transformers
@@ -90,6 +92,8 @@ def _track_case(rank: int, world: int, stage: int, extra: dict[str, Any], batch:
     ds_config = _config(stage, batch, extra)
     with deepspeed.zero.Init(enabled=stage == 3, config_dict_or_path=ds_config):
         model = transformers.AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
+    if checkpointing:
+        model.gradient_checkpointing_enable()
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
     ids = torch.randint(0, TINY_LLAMA["vocab_size"], (2, batch, seq))
     tracker = StorageTracker()
@@ -113,7 +117,7 @@ def run_rank(rank: int, world: int, cases: list[Any], batch: int, seq: int, port
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     os.environ.update(LOCAL_RANK=str(rank), LOCAL_SIZE=str(world))
     warnings.simplefilter("ignore")
-    found = [_track_case(rank, world, stage, extra, batch, seq) for stage, extra in cases]
+    found = [_track_case(rank, world, case, batch, seq) for case in cases]
     if rank == 0:
         out.put(found)
 

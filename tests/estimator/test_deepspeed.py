@@ -6,11 +6,12 @@ partitioned). DeepSpeed's CUDA FusedAdam is replaced by torch's fused AdamW (in 
 The CUDA-only cuBLAS workspace is taken out of the estimate.
 
 ZeRO-3 runs with HF's example values (``stage3_max_live_parameters`` and ``stage3_max_reuse_distance``
-1e9: the tiny model is gathered whole from the second layer's forward into the backward) and with
-both small enough to matter (2e6 live elements, reuse distance 1.1e6: the prefetch stops at the live
-bound, the head and the last layer's ``down_proj`` stay gathered into the backward), set through the
-workload keys of the same names (:mod:`vramlens.estimator.zero3`). The three cases run in one pair of
-processes (deepspeed_run.py).
+1e9: the tiny model is gathered whole from the second layer's forward into the backward), with both
+small enough to matter (2e6 live elements, reuse distance 1.1e6: the prefetch stops at the live
+bound, the head and the last layer's ``down_proj`` stay gathered into the backward), and with every
+layer checkpointed, no prefetch and a reuse distance of 3e6 (the head and the whole last layer kept:
+the recomputed forward is where they are used again), set through the workload keys of the same
+names (:mod:`vramlens.estimator.zero3`). The cases run in one pair of processes (deepspeed_run.py).
 """
 
 from __future__ import annotations
@@ -46,7 +47,11 @@ pytestmark = [
 _BATCH, _SEQ, _RANKS = 4, 128, 2
 #: A live bound and a reuse distance of the order of the tiny model's 3.8e6 elements.
 _SMALL = {"stage3_max_live_parameters": 2_000_000, "stage3_max_reuse_distance": 1_100_000}
-_CASES: list[tuple[int, dict[str, int]]] = [(2, {}), (3, {}), (3, _SMALL)]
+#: No prefetch; a reuse distance that keeps the head and, with every layer checkpointed, the whole last layer.
+_REUSE = {"stage3_max_live_parameters": 0, "stage3_max_reuse_distance": 3_000_000}
+#: (ZeRO stage, zero_optimization keys, gradient checkpointing of every layer)
+_CASES: list[tuple[int, dict[str, int], bool]] = [(2, {}, False), (3, {}, False), (3, _SMALL, False), (3, _REUSE, True)]
+_IDS = ["zero2", "zero3", "zero3-small-live-and-reuse", "zero3-reuse-checkpointed"]
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +67,7 @@ def peaks() -> list[list[int]]:
     return found
 
 
-def _estimate(stage: int, zero: dict[str, int]) -> int:
+def _estimate(stage: int, zero: dict[str, int], checkpointed: bool = False) -> int:
     from hf_step import TINY_LLAMA
 
     from vramlens.model.resolve import model_from_config
@@ -73,17 +78,18 @@ def _estimate(stage: int, zero: dict[str, int]) -> int:
         "precision": "mixed-bf16",
         "batch": _BATCH,
         "seq": _SEQ,
+        "recompute": "full" if checkpointed else "none",
         "parallel": {"gpus": _RANKS, "shard": f"zero{stage}", **zero},
     }
     return estimate(workload).allocated_bytes - CUBLAS_WORKSPACE_BYTES
 
 
-@pytest.mark.parametrize("case", range(len(_CASES)), ids=["zero2", "zero3", "zero3-small-live-and-reuse"])
+@pytest.mark.parametrize("case", range(len(_CASES)), ids=_IDS)
 def test_zero_step_peak_matches_the_estimate(peaks: list[list[int]], case: int) -> None:
-    stage, zero = _CASES[case]
+    stage, zero, checkpointed = _CASES[case]
     tracked = peaks[case]
     assert len(tracked) == _RANKS and len(set(tracked)) == 1
-    estimated = _estimate(stage, zero)
+    estimated = _estimate(stage, zero, checkpointed)
     assert estimated == pytest.approx(tracked[0], rel=0.03), f"estimate / tracked = {estimated / tracked[0]:.4f}"
 
 

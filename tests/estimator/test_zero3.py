@@ -45,13 +45,14 @@ def test_the_model_counts_every_element() -> None:
     ],
 )
 def test_reuse_kept_is_the_distance_rule_by_hand(max_reuse: int, kept: int, first: int) -> None:
-    assert reuse_kept(_MODEL, max_reuse) == (kept, first)
+    found = reuse_kept(_MODEL, max_reuse)
+    assert (found.total, found.first_layer + found.embedding) == (kept, first)
 
 
 def test_a_layer_further_back_needs_two_layers_more_distance() -> None:
     """down_proj of the layer before the last: 2 x (P + T) = 2,410,496 elements to its next use."""
     just_under, just_over = reuse_kept(_MODEL, 2 * (_P + _T)), reuse_kept(_MODEL, 2 * (_P + _T) + 1)
-    assert just_over[0] - just_under[0] == 176_128
+    assert just_over.total - just_under.total == 176_128
 
 
 def test_gathered_at_each_instant() -> None:
@@ -91,3 +92,18 @@ def test_the_optimizer_steps_one_sub_group_at_a_time() -> None:
     assert step_sub_group(1_897_600, 88_064, 10**9) == 1_897_600  # the tiny model: one sub group
     # 70B over 8 ranks: 8.7e9 elements a rank, sub groups of 1e9 and one tensor's partition more
     assert step_sub_group(8_700_000_000, 29_360_128, 10**9) == 1_029_360_128
+
+
+def test_a_checkpointed_layer_is_used_again_in_its_recomputed_forward() -> None:
+    """Every layer checkpointed: the last layer's down_proj is fetched first in its backward (after
+    2 T = 1,024,512 elements), the others in the recomputed forward (after 2 T + P + down - e_j); a layer
+    further back 3 P later. Tracked CPU runs of DeepSpeed (deepspeed_run.py with checkpointing, no
+    prefetch): reuse distance 1.1e6 keeps 688,128 elements, 3e6 keeps 1,204,224."""
+    recomputed = replace(_MODEL, recomputed=True)
+    layer = _P - 512
+    assert reuse_kept(recomputed, 1_100_000).total == 512_000 + 176_128
+    assert reuse_kept(recomputed, 3_000_000).total == 512_000 + layer
+    # not checkpointed, 3e6 would keep two layers' down_proj and up_proj and one layer's other tensors
+    assert reuse_kept(_MODEL, 3_000_000).total == 512_000 + 4 * 176_128 + (layer - 2 * 176_128)
+    assert reuse_kept(recomputed, 3 * _P + 2 * _T + 1).total == 512_000 + layer + 176_128  # down_proj one layer back
+    assert gathered_elements(recomputed, _settings(0, 3_000_000)).first_layers == _PERSISTENT + layer

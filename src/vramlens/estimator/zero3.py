@@ -45,15 +45,17 @@ from vramlens.model.modules import layer_linears
 from vramlens.model.params import norm_parameters
 from vramlens.resolve.context import TrainingContext
 from vramlens.resolve.zero import ZeroSettings
-from vramlens.workload.options import Offload, Shard
+from vramlens.workload.options import Offload, Recompute, Shard
 
 __all__ = [
     "Gathered",
+    "Kept",
     "Zero3Model",
     "gathered_elements",
     "grad_partitions_whole_step",
     "inflight_gradients",
     "reuse_kept",
+    "step_sub_group",
     "zero3_model",
 ]
 
@@ -73,6 +75,10 @@ class Zero3Model:
     """The head's table is the input embedding's (used again in the embedding's backward, last)."""
     final_norm: int
     persistence_threshold: int
+    recomputed: bool = False
+    """Every layer is checkpointed (transformers' non-reentrant ``torch.utils.checkpoint``): in the
+    backward a layer's last module is fetched first (its pre-backward hook), then the whole layer
+    again for the recomputed forward, then the rest of its backward."""
 
     def gathered(self, tensors: tuple[int, ...]) -> int:
         """Elements of ``tensors`` that are gathered on demand (above the persistence threshold)."""
@@ -122,30 +128,52 @@ def zero3_model(ctx: TrainingContext, stage: StageView, settings: ZeroSettings) 
         tied=tied,
         final_norm=norm_parameters(spec.norm, spec.hidden_size) if stage.last else 0,
         persistence_threshold=settings.persistence_threshold,
+        recomputed=ctx.workload.recompute is Recompute.FULL and ctx.workload.recompute_every == 1,
     )
 
 
-def reuse_kept(model: Zero3Model, max_reuse: int) -> tuple[int, int]:
-    """(elements kept gathered at the end of forward by the reuse distance ``max_reuse``, of them the
-    first layer's): tensor ``j`` of the layer with ``k`` layers after it is kept when
-    ``2 (A_j + k P + T) < R``, ``A_j`` the layer's elements after it, ``P`` a layer's, ``T`` the final
-    norm and head; the head (used again at once) when ``R > 0``; the untied embedding when
-    ``2 (L P + T) < R``. Every tensor counts in the distance, persistent or not."""
-    layer_total = sum(model.layer)
-    tail = model.final_norm + model.head
-    kept = first = 0
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Kept:
+    """Elements the reuse distance keeps gathered at the end of forward (:func:`reuse_kept`)."""
+
+    total: int
+    last_layer: int
+    """Of them the last layer's (backward reaches it first)."""
+    first_layer: int
+    """Of them the first layer's (backward reaches it last)."""
+    embedding: int
+
+
+def reuse_kept(model: Zero3Model, max_reuse: int) -> Kept:
+    """What the reuse distance ``max_reuse`` (``R``) keeps gathered at the end of forward. Tensor ``j`` of
+    the layer with ``k`` layers after it is next used after ``2 (A_j + k P + T)`` elements, ``A_j`` the
+    layer's elements after it, ``P`` a layer's, ``T`` the final norm and head; with every layer
+    recomputed after ``3 k P + 2 T`` for the layer's last tensor (fetched first in its backward) and
+    ``3 k P + 2 T + P + e_last - e_j`` for the others (in the recomputed forward); kept when that is
+    below ``R``. The head (used again at once) is kept when ``R > 0``, the untied embedding when
+    ``2 (L P + T) < R`` (``3 L P + 2 T`` recomputed). Every tensor counts in the distance, persistent
+    or not."""
+    layer_total, tail, last = sum(model.layer), model.final_norm + model.head, len(model.layer) - 1
+    per_layer = (3 if model.recomputed else 2) * layer_total
+    kept = first = last_layer = 0
     after = layer_total
-    for tensor in model.layer:
+    for index, tensor in enumerate(model.layer):
         after -= tensor
         if tensor <= model.persistence_threshold:
             continue
-        room = max_reuse - 2 * (after + tail)
-        layers = 0 if room <= 0 else min(model.layers, -(-room // (2 * layer_total)))
+        if not model.recomputed:
+            distance = 2 * (after + tail)
+        else:
+            distance = 2 * tail + (0 if index == last else layer_total + model.layer[last] - tensor)
+        room = max_reuse - distance
+        layers = 0 if room <= 0 else min(model.layers, -(-room // per_layer))
         kept += layers * tensor
+        last_layer += tensor if layers else 0
         first += tensor if layers >= model.layers else 0
     head = model.gathered((model.head,)) if max_reuse > 0 else 0
-    embedding = model.gathered((model.embedding,)) if 2 * (model.layers * layer_total + tail) < max_reuse else 0
-    return kept + head + embedding, first + embedding
+    embedding_distance = model.layers * per_layer + 2 * tail
+    embedding = model.gathered((model.embedding,)) if embedding_distance < max_reuse else 0
+    return Kept(total=kept + head + embedding, last_layer=last_layer, first_layer=first, embedding=embedding)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -166,24 +194,27 @@ class Gathered:
 
 def gathered_elements(model: Zero3Model, settings: ZeroSettings) -> Gathered:
     """Elements gathered at each instant: the persistent tensors and, of what the step still uses,
-    at most ``max(kept + the tensor being computed, M + one tensor)`` (the second when the prefetch is
-    on; :func:`reuse_kept` for the kept ones, the largest layer tensor for the one computed)."""
-    kept, first_kept = reuse_kept(model, settings.max_reuse)
-    p = model.largest
+    at most ``max(kept and the tensors being computed, M + one tensor)`` (the second when the prefetch
+    is on; :func:`reuse_kept` for the kept ones; computed: the largest layer tensor, or a recomputed
+    layer whole in its backward, its tensors used again within about two layers' elements)."""
+    kept = reuse_kept(model, settings.max_reuse)
+    p, layer = model.largest, model.gathered(model.layer)
+    backward = layer if model.recomputed and 2 * sum(model.layer) < settings.max_reuse else p
     window = settings.max_live + p if settings.prefetch_bucket > 0 and settings.max_live > 0 else 0
     head = model.gathered((model.head,))
     head_kept = head if settings.max_reuse > 0 else 0
     table = model.gathered((model.embedding,)) or (head if model.tied else 0)
 
-    def at(still_used: int, kept_now: int, computing: int) -> int:
-        return model.persistent + min(still_used, max(kept_now + computing, window))
+    def at(still_used: int, kept_now: int, computing: int, of_it_kept: int) -> int:
+        both = kept_now + computing - min(computing, of_it_kept)  # what is computed may be kept already
+        return model.persistent + min(still_used, max(both, window))
 
     return Gathered(
-        forward_layer=at(model.total, kept - head_kept, p),
-        loss=at(model.total, kept, 0),
-        first_layers=at(model.total - (0 if model.tied else head), kept - head_kept, p),
-        last_layer=at(model.gathered(model.layer) + table, first_kept, p),
-        end=at(table, table, 0),
+        forward_layer=at(model.total, kept.total - head_kept, p, kept.last_layer),
+        loss=at(model.total, kept.total, 0, 0),
+        first_layers=at(model.total - (0 if model.tied else head), kept.total - head_kept, backward, kept.last_layer),
+        last_layer=at(layer + table, kept.first_layer + kept.embedding, backward, kept.first_layer),
+        end=at(table, table, 0, 0),
     )
 
 

@@ -18,6 +18,7 @@ from vramlens.estimator.zero3 import (
 from vramlens.resolve._memo import memo
 from vramlens.resolve.context import TrainingContext
 from vramlens.resolve.zero import ZeroSettings
+from vramlens.workload.options import Recompute
 
 __all__ = ["zero3_step_gradients", "zero3_unsharded"]
 
@@ -33,6 +34,7 @@ class _Zero3Inputs:
     adapters: int
     full: bool
     tp: int
+    recomputed: bool
     compute_bytes: int
     grad_bytes: int
     settings: ZeroSettings
@@ -47,7 +49,8 @@ def zero3_unsharded(ctx: TrainingContext, stage: StageView, add: AddTerm, notes:
     key = _Zero3Inputs(
         layer_range=stage.layer_range, first=stage.first, last=stage.last, layer_elements=stage.layer_elements,
         adapters=sum(g.elements for g in stage.trainable if g.name == "LoRA adapters"), full=ctx.full,
-        tp=ctx.workload.parallel.tp, compute_bytes=ctx.compute_bytes, grad_bytes=ctx.grad_bytes, settings=settings,
+        tp=ctx.workload.parallel.tp, recomputed=ctx.workload.recompute is Recompute.FULL and ctx.workload.recompute_every == 1,
+        compute_bytes=ctx.compute_bytes, grad_bytes=ctx.grad_bytes, settings=settings,
     )  # fmt: skip
     found = memo(ctx.spec, key, lambda: _unsharded(ctx, stage, settings))
     if settings.note:
