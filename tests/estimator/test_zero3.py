@@ -5,11 +5,20 @@ HF's auto threshold 10 x 256), embedding and head 512,000 each."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
-from vramlens.estimator.zero3 import Zero3Model, gathered_elements, inflight_gradients, reuse_kept, step_sub_group
+from conftest import requires_hf
+from vramlens.estimator.zero3 import (
+    Zero3Model,
+    gathered_elements,
+    inflight_gradients,
+    reuse_kept,
+    step_sub_group,
+)
 from vramlens.resolve.zero import ZeroSettings
 
 _LAYER = (256, 256, 65_536, 16_384, 16_384, 65_536, 176_128, 176_128, 176_128)
@@ -107,3 +116,22 @@ def test_a_checkpointed_layer_is_used_again_in_its_recomputed_forward() -> None:
     assert reuse_kept(_MODEL, 3_000_000).total == 512_000 + 4 * 176_128 + (layer - 2 * 176_128)
     assert reuse_kept(recomputed, 3 * _P + 2 * _T + 1).total == 512_000 + layer + 176_128  # down_proj one layer back
     assert gathered_elements(recomputed, _settings(0, 3_000_000)).first_layers == _PERSISTENT + layer
+
+
+@requires_hf
+@pytest.mark.hf
+@pytest.mark.slow  # traces the model (seconds)
+def test_a_model_traced_from_its_code_is_gathered_whole_under_the_live_bound() -> None:
+    """No native family (Qwen3.5 MoE: gated delta-net and attention layers of different sizes): the
+    layer's tensors come from the layout read off its module tree, each layer's elements from its own
+    kind; a small model is gathered whole (fewer than 1e9 elements), in bf16."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
+    from generic_configs import small_config
+
+    from vramlens.estimator import estimate
+    from vramlens.model.families import parse_config
+
+    spec = parse_config(small_config("qwen3_5_moe_text"), source="qwen3_5_moe_text")
+    report = estimate({"model": spec, "parallel": {"gpus": 2, "shard": "zero3"}, "batch": 1, "seq": 64})
+    gathered = next(t.bytes for t in report.terms if t.name.startswith("ZeRO-3 gathered parameters"))
+    assert spec.generic is not None and gathered == 2 * spec.num_parameters

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 from vramlens.estimator.layout import StageView
 from vramlens.model.modules import layer_linears
-from vramlens.model.params import norm_parameters
+from vramlens.model.params import layer_parameters, norm_parameters
 from vramlens.resolve.context import TrainingContext
 from vramlens.resolve.zero import ZeroSettings
 from vramlens.workload.options import Offload, Recompute, Shard
@@ -75,6 +75,9 @@ class Zero3Model:
     """The head's table is the input embedding's (used again in the embedding's backward, last)."""
     final_norm: int
     persistence_threshold: int
+    layers_elements: int = 0
+    """Every element of the stage's layers (layers of several kinds differ from ``layer``, the first
+    kind's); 0: ``layers`` times ``layer``."""
     recomputed: bool = False
     """Every layer is checkpointed (transformers' non-reentrant ``torch.utils.checkpoint``): in the
     backward a layer's last module is fetched first (its pre-backward hook), then the whole layer
@@ -99,25 +102,18 @@ class Zero3Model:
     @property
     def total(self) -> int:
         """Every gathered-on-demand element of the stage."""
-        return self.gathered(self.layer) * self.layers + self.gathered((self.embedding, self.head, self.final_norm))
+        small = sum(t for t in self.layer if t <= self.persistence_threshold) * self.layers
+        layers = (self.layers_elements or sum(self.layer) * self.layers) - small
+        return layers + self.gathered((self.embedding, self.head, self.final_norm))
 
 
 def zero3_model(ctx: TrainingContext, stage: StageView, settings: ZeroSettings) -> Zero3Model:
     """The stage's tensors: each linear (and bias) and norm of the first layer kind, the rest of the
     layer's elements (routed experts, mixers' vectors) as two tensors and, with LoRA, a layer's
     adapters as one (their elements from the layout); the vocabulary tables ``V x h``."""
-    spec, tp = ctx.spec, ctx.workload.parallel.tp
-    tensors: list[int] = []
-    if stage.layers:
-        tensors += [norm_parameters(spec.norm, spec.hidden_size)] * spec.norms_per_layer
-        for shape in layer_linears(spec, spec.layers[stage.layer_range[0]].kind):
-            tensors += [shape.in_features * shape.out_features // tp] + (
-                [shape.out_features // tp] if shape.bias else []
-            )
-        rest = max(0, stage.layer_elements - sum(tensors))
-        tensors += [2 * rest // 3, rest - 2 * rest // 3]
-        if not ctx.full:
-            tensors.append(sum(g.elements for g in stage.trainable if g.name == "LoRA adapters") // stage.layers)
+    spec, tp, layers = ctx.spec, ctx.workload.parallel.tp, stage.layers
+    lora = sum(g.elements for g in stage.trainable if g.name == "LoRA adapters") // layers if layers else 0
+    tensors = [*_layer_tensors(ctx, stage), lora] if layers else []
     table = spec.vocab_size * spec.hidden_size // tp
     tied = spec.tie_word_embeddings and stage.first and stage.last
     return Zero3Model(
@@ -128,6 +124,7 @@ def zero3_model(ctx: TrainingContext, stage: StageView, settings: ZeroSettings) 
         tied=tied,
         final_norm=norm_parameters(spec.norm, spec.hidden_size) if stage.last else 0,
         persistence_threshold=settings.persistence_threshold,
+        layers_elements=_layers_elements(ctx, stage) + lora * layers if layers else 0,
         recomputed=ctx.workload.recompute is Recompute.FULL and ctx.workload.recompute_every == 1,
     )
 
@@ -142,6 +139,32 @@ class Kept:
     first_layer: int
     """Of them the first layer's (backward reaches it last)."""
     embedding: int
+
+
+def _layers_elements(ctx: TrainingContext, stage: StageView) -> int:
+    """Every parameter element of the stage's layers, kind by kind (LoRA adapters apart)."""
+    spec, generic = ctx.spec, ctx.spec.generic
+    if generic is not None:
+        return sum(generic.kinds[generic.layer_kinds[i]].elements for i in stage.layer_range)
+    return sum(layer_parameters(spec, spec.layers[i].kind) for i in stage.layer_range) // ctx.workload.parallel.tp
+
+
+def _layer_tensors(ctx: TrainingContext, stage: StageView) -> list[int]:
+    """One layer's tensors in forward order: its norms, linears (and biases) and the rest of its
+    elements as two tensors; for a model traced from its code (no native family) the rest (norms,
+    convolutions, vectors) as one tensor first, then its linears and fused expert tensors."""
+    spec, tp = ctx.spec, ctx.workload.parallel.tp
+    generic = spec.generic
+    if generic is not None:
+        kind = generic.kinds[generic.layer_kinds[stage.layer_range[0]]]
+        listed = [s.in_features * s.out_features + (s.out_features if s.bias else 0) for s in kind.linears]
+        listed += [expert.elements for expert in kind.experts]
+        return [max(0, stage.layer_elements - sum(listed)), *listed]
+    tensors = [norm_parameters(spec.norm, spec.hidden_size)] * spec.norms_per_layer
+    for shape in layer_linears(spec, spec.layers[stage.layer_range[0]].kind):
+        tensors += [shape.in_features * shape.out_features // tp] + ([shape.out_features // tp] if shape.bias else [])
+    rest = max(0, stage.layer_elements - sum(tensors))
+    return [*tensors, 2 * rest // 3, rest - 2 * rest // 3]
 
 
 def reuse_kept(model: Zero3Model, max_reuse: int) -> Kept:
