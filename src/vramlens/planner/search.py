@@ -12,12 +12,7 @@ tie goes to the configuration with fewer changes: those change the numerics). Ev
 was estimated on its own.
 
 Kept points are then timed (``time_model``), points dominated in (device peak, step time) are
-dropped, and the rest are returned fastest first. A frontier point dominated by another group's
-point is not the end of its line: a step the time model prices as free (a chunked loss to the
-fused-linear one, AdamW to 8-bit state) lowers its peak at the same time and can take it off the
-dominated side, so each dominated point's free successors are estimated too
-(:func:`free_successor`; the 8B full fine-tune on one H100 otherwise loses its only plan
-without CPU offload). Fits means ``device peak <= capacity x
+dropped, and the rest are returned fastest first. Fits means ``device peak <= capacity x
 (1 - headroom)`` (the device level: what nvidia-smi shows, allocator slack and CUDA context
 included). The model is loaded once and put into every workload (``dataclasses.replace``), so
 a configuration costs one estimate (~0.15 ms) plus, if kept, one time estimate.
@@ -40,16 +35,7 @@ from vramlens.planner.grid import minimal_fitting
 from vramlens.result.report import MemoryReport
 from vramlens.workload.spec import Workload
 
-__all__ = [
-    "Evaluated",
-    "SearchResult",
-    "fits_at_most_saving",
-    "fits_with_headroom",
-    "free_successor",
-    "pareto",
-    "search",
-    "search_group",
-]
+__all__ = ["Evaluated", "SearchResult", "fits_at_most_saving", "fits_with_headroom", "pareto", "search", "search_group"]
 
 TimeModel = Callable[[Workload, MemoryReport], float]
 Progress = Callable[[int, int], None]
@@ -150,20 +136,6 @@ def search_group(
     headroom: float,
     counter: _Counter,
 ) -> tuple[list[tuple[Workload, MemoryReport]], int]:
-    """The fitting frontier of one group and how many grid points it covered (see
-    :func:`_group_frontier`, which also returns each point's knob values)."""
-    found, total = _group_frontier(spec, user, group, gpu, headroom, counter)
-    return [(workload, report) for _, workload, report in found], total
-
-
-def _group_frontier(
-    spec: ModelSpec,
-    user: Workload,
-    group: Group,
-    gpu: GpuSpec,
-    headroom: float,
-    counter: _Counter,
-) -> tuple[list[tuple[tuple[object, ...], Workload, MemoryReport]], int]:
     """The fitting frontier of one group (:func:`vramlens.planner.grid.minimal_fitting`), and how
     many grid points it covered.
 
@@ -199,7 +171,7 @@ def _group_frontier(
     if whole:  # an accumulating point's no-accumulation twin is faster; it may also be smaller
         twins = [(*values[:-1], last[0]) for values in frontier if values[-1] != last[0]]
         frontier |= dict.fromkeys(twin for twin in twins if fits(twin))
-    return [(values, *point) for values in frontier if (point := found[values]) is not None], total
+    return [point for values in frontier if (point := found[values]) is not None], total
 
 
 def _chain_frontier(
@@ -246,78 +218,13 @@ def search(
     counter = _Counter()
     considered = 0
     frontier: list[Evaluated] = []
-    origins: list[tuple[Group, tuple[object, ...]]] = []
     for done, group in enumerate(all_groups, start=1):
-        found, covered = _group_frontier(spec, user, group, gpu, headroom, counter)
+        found, covered = search_group(spec, user, group, gpu, headroom, counter)
         considered += covered
-        for values, w, r in found:
-            frontier.append(Evaluated(workload=w, report=r, seconds=time_model(w, r)))
-            origins.append((group, values))
+        frontier.extend(Evaluated(workload=w, report=r, seconds=time_model(w, r)) for w, r in found)
         if progress is not None:
             progress(done, len(all_groups))
-    front = pareto(frontier)
-    kept = {id(point) for point in front}
-    for point, (group, values) in zip(list(frontier), origins, strict=True):
-        if id(point) not in kept:
-            context = (spec, user, group, gpu, headroom)
-            successor = free_successor(point, values, context, time_model, counter, front)
-            if successor is not None:
-                frontier.append(successor)
     return SearchResult(frontier=tuple(frontier), considered=considered, estimated=counter.estimated)
-
-
-#: The knob axes a free step is looked for on (indices into :func:`knob_axes`): loss, optimizer,
-#: offload. Recompute and the micro-batch always cost time (and recompute's axis is two chains).
-FREE_AXES = (1, 2, 3)
-#: Relative difference in step time still counted as "as fast" (float rounding of equal sums).
-FREE_TOLERANCE = 1e-9
-
-_Context = tuple[ModelSpec, Workload, Group, GpuSpec, float]
-
-
-def free_successor(
-    point: Evaluated,
-    values: tuple[object, ...],
-    context: _Context,
-    time_model: TimeModel,
-    counter: _Counter,
-    front: Sequence[Evaluated],
-) -> Evaluated | None:
-    """The first configuration reached from the dominated ``point`` by steps the time model
-    prices as free (one axis of :data:`FREE_AXES` one step further, same group, fitting and at
-    most as slow) that no point of ``front`` dominates, or None. Steps are taken one at a time,
-    axes in :data:`FREE_AXES` order, so the answer makes as few changes as the walk can; each
-    configuration on the way was estimated on its own."""
-    spec, user, group, gpu, headroom = context
-    axes = knob_axes(user, group)
-    current, seconds = values, point.seconds
-    moved = True
-    while moved:
-        moved = False
-        for axis in FREE_AXES:
-            index = axes[axis].index(current[axis])
-            if index + 1 >= len(axes[axis]):
-                continue
-            step = (*current[:axis], axes[axis][index + 1], *current[axis + 1 :])
-            workload = _build(user, group, step)
-            report = _fits(spec, gpu, headroom, workload, counter)
-            if workload is None or report is None:
-                continue
-            step_seconds = time_model(workload, report)
-            if step_seconds > seconds * (1 + FREE_TOLERANCE):
-                continue
-            found = Evaluated(workload=workload, report=report, seconds=step_seconds)
-            if not any(_dominates(other, found) for other in front):
-                return found
-            current, seconds, moved = step, step_seconds, True
-            break
-    return None
-
-
-def _dominates(a: Evaluated, b: Evaluated) -> bool:
-    """``a`` is at most as large and as slow as ``b``, and strictly better in one."""
-    peak_a, peak_b = a.report.device_bytes, b.report.device_bytes
-    return peak_a <= peak_b and a.seconds <= b.seconds and (peak_a < peak_b or a.seconds < b.seconds)
 
 
 def pareto(points: Sequence[Evaluated]) -> list[Evaluated]:
