@@ -1,15 +1,16 @@
 """Unsharded parameters, FSDP's buffers and unsharded gradients at each instant of a step.
 
-With sharded parameters (``shard: fsdp | hsdp | zero3``, or ``offload: optimizer+params``)
-a rank all-gathers the units it computes and keeps buffers for overlap; which of them are
-alive depends on the instant, so :class:`Unsharded` holds one value per instant and
+With sharded parameters (``shard: fsdp | hsdp``, or ``offload: optimizer+params``; DeepSpeed
+ZeRO-3 gathers by its own coordinator's rules, :mod:`vramlens.estimator.zero3`) a rank
+all-gathers the units it computes and keeps buffers for overlap; which of them are alive
+depends on the instant, so :class:`Unsharded` holds one value per instant and
 :mod:`vramlens.estimator.training` reads the one of each phase. Two wrappings
 (``fsdp_wrap``, :class:`~vramlens.workload.options.FsdpWrap`):
 
 * ``root``: decoder layers are units; the embedding, final norm and head stay in the root,
   all-gathered from forward to backward. Counted as the root, two layers in flight and one
-  layer's unsharded gradients and reduce-scatter input, at every instant. Also DeepSpeed
-  ZeRO-3 and the frameworks that do not say otherwise.
+  layer's unsharded gradients and reduce-scatter input, at every instant. Also the frameworks
+  that do not say otherwise.
 * ``split``: the embedding, each layer, and the tail (final norm + head, + the embedding when
   tied) are units; only the tail stays gathered after forward (accelerate 1.15
   ``fsdp2_prepare_model``; torchtitan ``apply_fsdp`` since 83e694105, 2025-07-28). FSDP2 in
@@ -267,7 +268,8 @@ def uses_fsdp2(ctx: TrainingContext) -> bool:
 
 def resolved_wrap(ctx: TrainingContext) -> FsdpWrap:
     """The wrapping that applies: the workload's ``fsdp_wrap``, else the framework's for FSDP
-    and HSDP; ``root`` for ZeRO-3 (DeepSpeed gathers by its own rules) and the rest."""
+    and HSDP; ``root`` for the rest (ZeRO-3's gathered parameters are not FSDP units:
+    :mod:`vramlens.estimator.zero3`)."""
     if ctx.workload.parallel.shard not in (Shard.FSDP, Shard.HSDP):
         return FsdpWrap.ROOT
     if ctx.workload.fsdp_wrap is not FsdpWrap.AUTO:

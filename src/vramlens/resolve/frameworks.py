@@ -289,7 +289,9 @@ FRAMEWORKS: dict[Framework, FrameworkProfile] = {
         compiles_loss=False,
         keeps_logits=True,
         adapters_fp32=True,
-        source="DeepSpeed ZeRO: 2 bytes params + (2 bf16 grads + 4 fp32 grads + 12 optimizer) / N (DeepSpeed memory docs)",
+        source="DeepSpeed ZeRO: 2 bytes params + (2 bf16 grads + 4 fp32 grads + 12 optimizer) / N (DeepSpeed memory docs); "
+        "its bucket and ZeRO-3 coordinator sizes as HF's example configs ask for them (resolve/zero.py); ZeRO-3 "
+        "gathers by its PartitionedParameterCoordinator's rules (estimator/zero3.py, deepspeed 0.19.8)",
     ),
 }
 
