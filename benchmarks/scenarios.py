@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vramlens.resolve.kernels import LIGER_PATCHES
+
 #: A verbatim copy of shared/validation/public_scenarios.jsonl (see data/README.md).
 VALIDATION = Path(__file__).resolve().parent / "data" / "public_scenarios.jsonl"
 SHARED_VALIDATION = Path(__file__).resolve().parents[2] / "shared" / "validation" / "public_scenarios.jsonl"
@@ -333,11 +335,14 @@ def point_workload(point: dict[str, Any]) -> Mapped:
         # bf16-loaded parameters to fp32 ("FSDP upcast of low precision parameters").
         workload["precision"] = "mixed-bf16"
         notes.append("HF Trainer --bf16 with FSDP: accelerate keeps fp32 parameters (mixed precision)")
-    if flags.get("liger") or flags.get("chunked_ce"):
-        workload["loss"] = "fused-linear" if flags.get("liger") else "chunked"
-    if flags.get("liger"):
+    if flags.get("chunked_ce") and not flags.get("liger"):
+        workload["loss"] = "chunked"
+    if flags.get("liger") and (point.get("hf_config") or {}).get("model_type") in LIGER_PATCHES:
+        workload["kernels"] = "liger"  # its norms, gated MLP and RoPE; loss auto: its fused linear cross-entropy
+    elif flags.get("liger"):
+        workload["loss"] = "fused-linear"
         notes.append(
-            "Liger: only its fused linear cross-entropy is expressible (its RMSNorm/SwiGLU/RoPE kernels are not)"
+            "Liger: only its fused linear cross-entropy is expressible for this family (kernels: liger is not)"
         )
     if "memory_budget" in (point.get("activation_checkpointing_text") or ""):
         notes.append(f"torch.compile activation memory budget expressed as recompute '{workload['recompute']}'")

@@ -133,6 +133,7 @@ ALLOWED = frozenset(
         "vramlens.resolve.derived",
         "vramlens.resolve.frameworks",
         "vramlens.resolve.kbit",
+        "vramlens.resolve.kernels",
         "vramlens.resolve.zero",
         "vramlens.resolve.styles",
         "vramlens.result",

@@ -64,21 +64,30 @@ def layer_saved_bytes_per_token(
     seq: int = 64,
     autocast: bool = False,
     frozen: bool = False,
+    liger: bool = False,
 ) -> float:
     """Bytes per token autograd keeps for decoder layer ``layer`` in one forward pass: the
     difference between a forward of ``2 * batch`` and of ``batch`` sequences, per token, so
     that tensors of parameter size (Gemma's ``1 + weight``) drop out. ``frozen``: every
     parameter frozen and the input embeddings requiring grad (a LoRA run without its adapters).
+    ``liger``: the model patched with CPU stand-ins of Liger-Kernel's functions (liger_standins.py).
     One forward measures every layer: the layers of a settings' forward are kept for the next call."""
     key = json.dumps(config, sort_keys=True)
-    double = _saved_by_layer(key, dtype, attention, 2 * batch, seq, autocast, frozen)
-    single = _saved_by_layer(key, dtype, attention, batch, seq, autocast, frozen)
+    double = _saved_by_layer(key, dtype, attention, 2 * batch, seq, autocast, frozen, liger)
+    single = _saved_by_layer(key, dtype, attention, batch, seq, autocast, frozen, liger)
     return (double[layer] - single[layer]) / (batch * seq)
 
 
 @functools.lru_cache(maxsize=8)
 def _saved_by_layer(
-    config_json: str, dtype: str, attention: str, batch: int, seq: int, autocast: bool, frozen: bool
+    config_json: str,
+    dtype: str,
+    attention: str,
+    batch: int,
+    seq: int,
+    autocast: bool,
+    frozen: bool,
+    liger: bool = False,
 ) -> tuple[int, ...]:
     """Bytes each decoder layer keeps (its own storages) in one forward of ``config_json``'s model."""
     import torch
@@ -105,7 +114,12 @@ def _saved_by_layer(
             parameter.requires_grad_(False)
         inputs = {"inputs_embeds": model.get_input_embeddings()(ids).requires_grad_(True)}
     amp = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), amp:
+    patched = contextlib.nullcontext()
+    if liger:
+        from liger_standins import liger_applied
+
+        patched = liger_applied(model)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), amp, patched:
         output = model(**inputs)
     gc.collect()
     saved: dict[int, dict[int, int]] = {index: {} for index in range(len(layers))}

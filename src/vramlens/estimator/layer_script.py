@@ -49,6 +49,7 @@ from vramlens.model.modules import layer_linears
 from vramlens.model.spec import LayerKind
 from vramlens.resolve.context import TrainingContext
 from vramlens.resolve.derived import seq_per_rank
+from vramlens.resolve.kernels import liger_layers
 from vramlens.resolve.styles import HfStyle, NormStyle
 from vramlens.workload.options import AttentionImpl, Quant
 
@@ -333,6 +334,8 @@ def lora_forward_script(
     if effective_quant(ctx) is not Quant.NONE:  # k-bit linears return their input's dtype, dequantize inside
         return None
     if not profile.adapters_fp32 or ctx.workload.compile or style.norm not in _NORMS or style.out_proj_copy:
+        return None
+    if liger_layers(ctx.workload.kernels):  # Liger's norms, MLP and in-place RoPE are not transformers' code
         return None
     writer = _Writer(parts, ctx.compute_bytes, ctx.tokens * ctx.spec.hidden_size * ctx.compute_bytes)
     try:

@@ -4,6 +4,8 @@
   trains, its normalized output: in the compute dtype for transformers' RMSNorm, in fp32 for
   torchtune's (``F.rms_norm`` on ``x.float()`` with a bf16 scale takes ATen's composite path;
   :attr:`vramlens.resolve.styles.NormStyle.TORCHTUNE`).
+* Under ``kernels: liger`` the final norm is ``LigerRMSNorm``: its input (the residual stream's
+  dtype) and one fp32 rstd per token (:mod:`vramlens.resolve.kernels`).
 * Rotary tables: transformers computes one (cos, sin) pair per forward in the compute dtype
   (``2 x head_dim`` elements per token, first stage); torchtune's ``RotaryPositionalEmbeddings``
   holds one fp32 ``rope_cache`` buffer of ``max_seq_len x head_dim`` elements for the whole run
@@ -16,6 +18,8 @@ from __future__ import annotations
 
 from vramlens.resolve.context import TrainingContext
 from vramlens.resolve.frameworks import layer_style
+from vramlens.resolve.kbit import kbit_prepared
+from vramlens.resolve.kernels import liger_layers
 from vramlens.resolve.styles import HfStyle, NormStyle
 
 __all__ = ["final_norm_per_token", "rotary_per_token", "rotary_buffer_bytes"]
@@ -32,6 +36,9 @@ def _style(ctx: TrainingContext) -> HfStyle | None:
 def final_norm_per_token(ctx: TrainingContext) -> float:
     """Bytes per token the final norm keeps for backward (before tensor parallelism divides it)."""
     h, a = ctx.spec.hidden_size, ctx.compute_bytes
+    if liger_layers(ctx.workload.kernels):  # LigerRMSNorm: its input (the residual stream) and fp32 rstd
+        residual = FP32 if ctx.autocast and (ctx.full or kbit_prepared(ctx.workload, ctx.profile)) else a
+        return residual * h + FP32
     style = _style(ctx)
     if style is not None and style.norm == NormStyle.TORCHTUNE:
         return FP32 * h + FP32 + (FP32 * h if ctx.full and a != FP32 else 0)

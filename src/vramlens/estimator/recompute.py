@@ -24,8 +24,9 @@ from vramlens.resolve.context import TrainingContext
 from vramlens.resolve.derived import checkpointed_layers, seq_per_rank
 from vramlens.resolve.frameworks import NormImpl, layer_style
 from vramlens.resolve.kbit import kbit_prepared
+from vramlens.resolve.kernels import liger_layers
 from vramlens.resolve.styles import hf_style
-from vramlens.workload.options import AttentionImpl, Framework, Method, Recompute
+from vramlens.workload.options import AttentionImpl, Framework, Kernels, Method, Recompute
 from vramlens.workload.spec import ALL_LINEAR
 
 __all__ = [
@@ -75,8 +76,8 @@ def _recipe(ctx: TrainingContext, state: TrainState, notes: list[str]) -> LayerR
         seq=seq_per_rank(ctx.workload),
         linears=all_layer_linears(ctx.spec),
         train=state,
-        fused_norm=ctx.profile.norm is NormImpl.FUSED or ctx.workload.compile,
-        fused_pointwise=ctx.workload.compile,
+        fused_norm=ctx.profile.norm is NormImpl.FUSED or ctx.workload.compile or liger_layers(ctx.workload.kernels),
+        fused_pointwise=ctx.workload.compile or liger_layers(ctx.workload.kernels),
         moe_capacity=ctx.workload.moe_capacity_factor or 1.0,
         linear_out_bytes=base_output_bytes(ctx),
         training_cache=_training_cache(ctx),
@@ -170,6 +171,7 @@ class ActivationInputs:
     cp: int
     tp: int
     compile: bool
+    kernels: Kernels
     moe_capacity_factor: float | None
     recompute: Recompute
     recompute_every: int
@@ -182,7 +184,8 @@ class ActivationInputs:
         return cls(
             state=state, layer_range=layer_range, compute_bytes=ctx.compute_bytes, autocast=ctx.autocast,
             method=ctx.method, attention=ctx.attention, seq=workload.seq, cp=workload.parallel.cp,
-            tp=workload.parallel.tp, compile=workload.compile, moe_capacity_factor=workload.moe_capacity_factor,
+            tp=workload.parallel.tp, compile=workload.compile, kernels=workload.kernels,
+            moe_capacity_factor=workload.moe_capacity_factor,
             recompute=workload.recompute, recompute_every=workload.recompute_every, framework=ctx.profile.name,
             kbit_prepared=kbit_prepared(workload, ctx.profile),
         )  # fmt: skip

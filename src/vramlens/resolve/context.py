@@ -15,10 +15,12 @@ from vramlens.resolve._memo import memo
 from vramlens.resolve.attention import hf_attention_kernel
 from vramlens.resolve.frameworks import PLAIN_NOTE, FrameworkProfile, MixedStyle, profile_for
 from vramlens.resolve.kbit import kbit_notes, prepared_compute_bytes
+from vramlens.resolve.kernels import check_kernels, liger_loss
 from vramlens.resolve.zero import ZeroSettings, zero_settings
 from vramlens.workload.options import (
     AttentionImpl,
     Framework,
+    Kernels,
     LossImpl,
     Method,
     OptimizerImpl,
@@ -127,6 +129,10 @@ def _attention(workload: Workload, profile: FrameworkProfile, spec: ModelSpec, n
 def _loss(workload: Workload, profile: FrameworkProfile, notes: list[str]) -> LossImpl:
     if workload.loss is not LossImpl.AUTO:
         return workload.loss
+    fused = liger_loss(workload.kernels, profile.name)
+    if fused is not None:
+        notes.append(f"loss auto: {fused} (kernels liger: Liger's fused linear cross-entropy)")
+        return fused
     notes.append(f"loss auto: {profile.loss} ({profile.name} default)")
     return profile.loss
 
@@ -205,6 +211,7 @@ class SettingsInputs:
     optimizer_impl: OptimizerImpl
     float8: bool
     packing: bool
+    kernels: Kernels
     versions: tuple[tuple[str, str], ...]
 
     @classmethod
@@ -214,7 +221,7 @@ class SettingsInputs:
             sharded=workload.parallel.shard in (Shard.FSDP, Shard.HSDP, Shard.ZERO3), method=workload.method,
             quant=workload.quant, optimizer_in_backward=workload.optimizer_in_backward, compile=workload.compile,
             attention=workload.attention, loss=workload.loss, optimizer_impl=workload.optimizer_impl,
-            float8=workload.float8, packing=workload.packing, versions=workload.versions,
+            float8=workload.float8, packing=workload.packing, kernels=workload.kernels, versions=workload.versions,
         )  # fmt: skip
 
 
@@ -226,6 +233,7 @@ def _resolved_settings(spec: ModelSpec, workload: Workload) -> dict[str, object]
 
 def _settings(workload: Workload, spec: ModelSpec) -> dict[str, object]:
     profile, note = profile_for(workload.framework)
+    check_kernels(spec.model_type, workload.kernels, profile.name)
     sharded = workload.parallel.shard in (Shard.FSDP, Shard.HSDP, Shard.ZERO3)
     notes = [note] if note else []
     if profile.name is Framework.PLAIN:

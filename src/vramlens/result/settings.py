@@ -151,7 +151,7 @@ def settings_dicts(report: MemoryReport) -> list[dict[str, Any]]:
 #: Workload keys that only training / only inference reads.
 _TRAIN_ONLY = frozenset({
     "method", "lora", "optimizer", "optimizer_impl", "optimizer_in_backward", "seq", "grad_accum", "packing",
-    "recompute", "recompute_every", "loss", "float8", "moe_capacity_factor", "fsdp_wrap",
+    "recompute", "recompute_every", "loss", "float8", "kernels", "moe_capacity_factor", "fsdp_wrap",
 })  # fmt: skip
 _INFER_ONLY = frozenset({
     "prompt", "generate", "context", "kv_dtype", "engine", "gpu_memory_utilization", "max_num_seqs", "block_size",

@@ -110,6 +110,7 @@ def check_training(ctx: TrainingContext) -> None:
         "quant": workload.quant is not Quant.NONE and workload.quant not in BNB_4BIT_QUANTS,
         "compile": workload.compile,
         "optimizer": workload.optimizer not in OPTIMIZERS,
+        "kernels": workload.kernels.value != "eager",
         "loss": ctx.loss.value != "full",
         "recompute": workload.recompute in (Recompute.SELECTIVE, Recompute.OFFLOAD),
         "framework": ctx.profile.name.value not in ("hf",),

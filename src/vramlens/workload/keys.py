@@ -163,6 +163,8 @@ KEYS: Final[tuple[Key, ...]] = (
     Key(path="attention", kind=C, values=o.AttentionImpl, help="the attention kernel (auto: the framework's)"),
     Key(path="loss", kind=C, values=o.LossImpl, help="the loss path (auto: the framework's)"),
     Key(path="compile", kind=S, help="torch.compile (fused norms and pointwise ops)"),
+    Key(path="kernels", kind=C, values=o.Kernels, since=V01,
+        help="training: the layers' kernels, eager (the framework's modules) or liger (use_liger_kernel)"),
     Key(path="moe_capacity_factor", kind=R, nullable=True, since=V01,
         range=NumberRange(low=1.0, high=1024.0, why="GShard and Switch use 1 to 2"),
         help="MoE expert capacity as a multiple of the evenly routed share; none: dropless routing"),

@@ -14,6 +14,7 @@ __all__ = [
     "Engine",
     "Framework",
     "FsdpWrap",
+    "Kernels",
     "KvDtype",
     "LossImpl",
     "Method",
@@ -131,6 +132,17 @@ class LossImpl(StrEnum):
     CHUNKED_LOGPROB = "chunked-logprob"
     """TRL's fused LM head (trl/kernels/chunked_logprob.py): per-token log-probabilities over
     4096-token x 32768-vocabulary tiles; the logits never exist in full."""
+
+
+class Kernels(StrEnum):
+    """Whose kernels run the model's layers (training). Added to the v1 contract by vramlens."""
+
+    EAGER = "eager"
+    """The framework's own modules (transformers' eager RMSNorm, MLP and rotary code)."""
+    LIGER = "liger"
+    """Liger-Kernel as ``use_liger_kernel=True`` applies it (``_apply_liger_kernel_to_instance``):
+    its RMSNorm and SwiGLU/GeGLU autograd functions keep less for backward, its RoPE rotates in
+    place, and ``loss: auto`` becomes its fused linear cross-entropy (:mod:`vramlens.resolve.kernels`)."""
 
 
 class Shard(StrEnum):

@@ -18,6 +18,7 @@ from vramlens.workload.options import (
     Engine,
     Framework,
     FsdpWrap,
+    Kernels,
     KvDtype,
     LossImpl,
     Method,
@@ -236,6 +237,8 @@ class Workload:
     attention: AttentionImpl = AttentionImpl.AUTO
     loss: LossImpl = LossImpl.AUTO
     compile: bool = False
+    kernels: Kernels = Kernels.EAGER
+    """Whose kernels run the layers (:class:`Kernels`). Added to the v1 contract by vramlens."""
     moe_capacity_factor: float | None = None
     """MoE expert capacity as a multiple of the evenly routed share (GShard/Switch, DeepSpeed
     and Megatron ``--moe-expert-capacity-factor``): expert buffers hold
