@@ -209,11 +209,11 @@ def test_smallest_gpu_count_need_not_be_a_power_of_two() -> None:
 def test_a_user_on_the_fused_loss_is_not_offered_chunking() -> None:
     """The loss axis must only lower the peak: fused linear cross-entropy never holds the
     logits, chunked holds one chunk of them, so chunking is a step back from fused."""
-    user, _, _ = prepare({"model": "qwen2.5-3b", "loss": "fused-linear"}, gpu="a100-40gb", gpus=1)
+    user, spec, _ = prepare({"model": "qwen2.5-3b", "loss": "fused-linear"}, gpu="a100-40gb", gpus=1)
     group = groups(user, 1, allow_method_change=False)[0]
-    assert knob_axes(user, group)[1] == [LossImpl.FUSED_LINEAR]
-    user, _, _ = prepare({"model": "qwen2.5-3b", "loss": "chunked"}, gpu="a100-40gb", gpus=1)
-    assert knob_axes(user, group)[1] == [LossImpl.CHUNKED, LossImpl.FUSED_LINEAR]
+    assert knob_axes(spec, user, group)[1] == [LossImpl.FUSED_LINEAR]
+    user, spec, _ = prepare({"model": "qwen2.5-3b", "loss": "chunked"}, gpu="a100-40gb", gpus=1)
+    assert knob_axes(spec, user, group)[1] == [LossImpl.CHUNKED, LossImpl.FUSED_LINEAR]
 
 
 @pytest.mark.slow
@@ -239,7 +239,7 @@ def test_every_knob_step_never_raises_the_peak(model: str, gpus: int, loss: str,
         {"model": model, "loss": loss, "optimizer": optimizer, "batch": 4}, gpu="h100-80gb", gpus=gpus
     )
     group = data.draw(st.sampled_from(groups(user, gpus, allow_method_change=True)))
-    axes = knob_axes(user, group, data.draw(st.sampled_from(RECOMPUTE_CHAINS)))
+    axes = knob_axes(spec, user, group, data.draw(st.sampled_from(RECOMPUTE_CHAINS)))
     point = [data.draw(st.integers(0, len(axis) - 1)) for axis in axes]
 
     def peak(index: list[int]) -> tuple[int, int] | None:
@@ -260,3 +260,14 @@ def test_every_knob_step_never_raises_the_peak(model: str, gpus: int, loss: str,
         step = peak([*point[:axis], point[axis] + 1, *point[axis + 1 :]])
         where = (axis, [a[i] for a, i in zip(axes, point, strict=True)], here, step)
         assert step is None or (step[0] <= here[0] and step[1] <= here[1] * 1.01), where
+
+
+def test_the_loss_axis_drops_a_path_that_holds_more() -> None:
+    """Under tensor parallelism each rank holds a slice of the vocabulary, so chunking holds less
+    than the fused path's full-hidden input gradient (Mixtral-8x7B, 32,000 / 8 = 4,000 logits per
+    token against 4,096 hidden): fused is not offered after chunked there, and is on one GPU."""
+    user, spec, _ = prepare({"model": "mixtral-8x7b", "loss": "chunked", "batch": 4}, gpu="h100-80gb", gpus=8)
+    tp8 = next(g for g in groups(user, 8, allow_method_change=False) if g.parallel.tp == 8)
+    assert knob_axes(spec, user, tp8)[1] == [LossImpl.CHUNKED]
+    one = next(g for g in groups(user, 8, allow_method_change=False) if g.parallel.tp == 1)
+    assert knob_axes(spec, user, one)[1] == [LossImpl.CHUNKED, LossImpl.FUSED_LINEAR]

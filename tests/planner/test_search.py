@@ -131,7 +131,7 @@ def _exhaustive(
     user, spec, device = prepare(workload, gpu=gpu, gpus=gpus)
     found = []
     for group in groups(user, gpus, allow_method_change=False):
-        for recompute, loss, optimizer, offload, micro in itertools.product(*knob_axes(user, group)):
+        for recompute, loss, optimizer, offload, micro in itertools.product(*knob_axes(spec, user, group)):
             knobs = Knobs(recompute=recompute, loss=loss, optimizer=optimizer, offload=offload, micro_batch=micro)  # type: ignore[arg-type]
             try:
                 candidate = apply_knobs(user, group, knobs)
@@ -180,7 +180,7 @@ def _knob_space(workload: dict[str, Any], gpu: str, gpus: int, headroom: float) 
     user, spec, device = prepare(workload, gpu=gpu, gpus=gpus)
     found = []
     for n, group in enumerate(groups(user, gpus, allow_method_change=False)):
-        for knobs in itertools.product(*knob_axes(user, group)):
+        for knobs in itertools.product(*knob_axes(spec, user, group)):
             recompute, loss, optimizer, offload, micro = knobs
             try:
                 candidate = apply_knobs(

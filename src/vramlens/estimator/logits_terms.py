@@ -13,7 +13,7 @@ from vramlens.resolve.context import TrainingContext
 from vramlens.workload.options import Framework
 from vramlens.workload.versions import older_than, rule_note
 
-__all__ = ["logits_terms"]
+__all__ = ["logits_terms", "loss_memory"]
 
 
 def _loss_memory(ctx: TrainingContext, *, fp32_outputs: bool) -> LogitsMemory:
@@ -35,6 +35,11 @@ def _loss_memory(ctx: TrainingContext, *, fp32_outputs: bool) -> LogitsMemory:
         compiled=ctx.compiled_loss,
         softcap=ctx.spec.final_logit_softcap is not None,
     )
+
+
+def loss_memory(ctx: TrainingContext) -> LogitsMemory:
+    """The logits and loss bytes of ``ctx``'s loss path at the step's instants (without a LoRA head)."""
+    return _loss_memory(ctx, fp32_outputs=fp32_model_outputs(ctx))
 
 
 def logits_terms(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str] = frozenset()) -> None:

@@ -43,6 +43,10 @@ import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from vramlens.errors import InputError
+from vramlens.estimator.logits_terms import loss_memory
+from vramlens.model.spec import ModelSpec
+from vramlens.resolve.context import resolve_training
 from vramlens.workload.options import (
     LossImpl,
     Method,
@@ -224,12 +228,43 @@ def _more_saving_losses(loss: LossImpl) -> list[LossImpl]:
     return list(LOSS_ORDER[rank + 1 :])
 
 
+def _loss_bytes(spec: ModelSpec, user: Workload, group: Group, loss: LossImpl) -> tuple[int, ...] | None:
+    """The logits and loss bytes of ``loss`` in ``group`` at each instant of the step (at the loss,
+    kept, start of backward, kept outputs), or None where the settings do not resolve."""
+    micro = _micro_batches(user, group.parallel)[0]
+    knobs = Knobs(
+        recompute=(user.recompute, user.recompute_every), loss=loss, optimizer=user.optimizer,
+        offload=group.parallel.offload, micro_batch=micro,
+    )  # fmt: skip
+    try:
+        memory = loss_memory(resolve_training(spec, apply_knobs(user, group, knobs)))
+    except InputError:
+        return None
+    return memory.forward_end, memory.kept, memory.backward_start, memory.outputs
+
+
+def loss_axis(spec: ModelSpec, user: Workload, group: Group) -> list[LossImpl]:
+    """The user's loss, then each loss path of :data:`LOSS_ORDER` after it that holds no more at any
+    instant of the step than the last one kept. Fused linear cross-entropy keeps ``(8 + a) h``
+    bytes per token whatever the vocabulary, chunked a vocabulary's worth: with the vocabulary
+    split by tensor parallelism chunking can hold less (Mixtral-8x7B, tp 8: 26 against 41 KB per
+    token), and an axis must only lower the peak. Per token, so one micro-batch decides for all."""
+    axis, last = [user.loss], _loss_bytes(spec, user, group, user.loss)
+    for loss in _more_saving_losses(user.loss):
+        here = _loss_bytes(spec, user, group, loss)
+        if here is not None and last is not None and any(h > b for h, b in zip(here, last, strict=True)):
+            continue
+        axis.append(loss)
+        last = here if here is not None else last
+    return axis
+
+
 def knob_axes(
-    user: Workload, group: Group, recompute: tuple[tuple[Recompute, int], ...] = RECOMPUTE_ORDER
+    spec: ModelSpec, user: Workload, group: Group, recompute: tuple[tuple[Recompute, int], ...] = RECOMPUTE_ORDER
 ) -> tuple[list[object], ...]:
     """The group's knob axes: recompute (one of :data:`RECOMPUTE_CHAINS` is ordered; the default,
-    every setting, is not), loss, optimizer, offload, micro-batch."""
-    losses = [user.loss, *_more_saving_losses(user.loss)]
+    every setting, is not), loss (:func:`loss_axis`), optimizer, offload, micro-batch."""
+    losses = loss_axis(spec, user, group)
     optimizers: list[OptimizerName] = [user.optimizer]
     if user.optimizer in ADAMW_FAMILY:
         optimizers.extend(EIGHT_BIT)

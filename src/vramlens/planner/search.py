@@ -115,7 +115,7 @@ def _ends_fit(
 ) -> tuple[bool, bool]:
     """At the most memory-saving column: (the smallest micro-batch fits, one micro-batch with
     no gradient accumulation fits)."""
-    *heads, micro = knob_axes(user, group)
+    *heads, micro = knob_axes(spec, user, group)
     top = tuple(axis[-1] for axis in heads)
     smallest = _fits(spec, gpu, headroom, _build(user, group, (*top, micro[-1])), counter) is not None
     if len(micro) == 1:
@@ -152,7 +152,7 @@ def search_group(
     and where gradients outweigh the extra activations also smaller, so it can dominate a
     frontier point while lying beyond its own grid's frontier.
     """
-    *heads, last = knob_axes(user, group)
+    *heads, last = knob_axes(spec, user, group)
     total = len(last) * math.prod(len(axis) for axis in heads)
     smallest, whole = _ends_fit(spec, user, group, gpu, headroom, counter)
     found: dict[tuple[object, ...], tuple[Workload, MemoryReport] | None] = {}
