@@ -5,7 +5,7 @@
 
 * the peak at each memory level known for the source: ``tensor`` (requested/raw bytes),
   ``allocated`` (each allocation rounded up to the CUDA caching allocator's 512-byte blocks,
-  as :func:`vramlens.simulator.report.allocated_timeline` does; a snapshot's trace holds
+  as :func:`vramlens.result.timeline.allocated_timeline` does; a snapshot's trace holds
   requested sizes, so its block sizes are rebuilt the same way), ``reserved`` measured (a
   snapshot's segments at dump time) and modelled (the events replayed through
   :func:`vramlens.allocator.replay`), ``device`` only when the record has it;
@@ -41,8 +41,7 @@ from vramlens.forensics.live import (
 from vramlens.forensics.oom import OomForensics, explain_oom
 from vramlens.forensics.sources import Source, SourceFormat
 from vramlens.result.report import MemoryReport, PhaseMemory
-from vramlens.result.timeline import CATEGORY_ORDER, Timeline
-from vramlens.simulator.report import allocated_timeline
+from vramlens.result.timeline import CATEGORY_ORDER, Timeline, allocated_timeline
 from vramlens.units import format_bytes
 
 __all__ = ["NO_PHASE", "Levels", "ViewReport", "build_view", "categories_status"]
