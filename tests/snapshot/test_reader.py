@@ -7,6 +7,7 @@ installed, its own ``torch.cuda._memory_viz`` readers are run on the same dicts 
 from __future__ import annotations
 
 import copy
+import gc
 import pickle
 import re
 from pathlib import Path
@@ -244,3 +245,38 @@ def test_trace_figures_match_memory_viz(layout: str) -> None:
     assert allocs == [repr(viz.Bytes(int(size))) for size in trace.size[trace.action == ALLOC]]
     ooms = re.findall(r"raise OutOfMemoryError # (\S+) requested, (\S+) free", text)
     assert ooms == [(repr(viz.Bytes(o.requested_bytes)), repr(viz.Bytes(o.device_free_bytes))) for o in trace.ooms]
+
+
+def test_no_garbage_collection_runs_while_a_snapshot_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The unpickled dicts are no garbage: the collector stays paused from the unpickling until
+    the reader has its columns (it would otherwise traverse every dict once per generation), and
+    is on again after."""
+    import vramlens.snapshot.reader as reader
+
+    data = pickle.dumps(synthetic_snapshot(20_000), protocol=4)
+    reading, collections = [False], []
+    read_source, from_object = reader.read_source, reader.snapshot_from_object
+
+    def opened(*args: Any) -> Any:
+        reading[0] = True
+        return read_source(*args)
+
+    def converted(*args: Any) -> Any:
+        result = from_object(*args)
+        reading[0] = False
+        return result
+
+    def record(phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and reading[0]:
+            collections.append(info["generation"])
+
+    monkeypatch.setattr(reader, "read_source", opened)
+    monkeypatch.setattr(reader, "snapshot_from_object", converted)
+    gc.callbacks.append(record)
+    try:
+        assert gc.isenabled()
+        snapshot = load_snapshot(data)
+    finally:
+        gc.callbacks.remove(record)
+    assert len(snapshot.trace(0)) > 10_000 and gc.isenabled() and not reading[0]
+    assert collections == []

@@ -188,6 +188,16 @@ def test_memo_index_bomb_is_refused(tmp_path: Path) -> None:
     assert _traced_peak(lambda: load_snapshot(data)) < 1 << 20
 
 
+def test_a_flat_trace_sharing_one_long_stack_everywhere_is_refused(tmp_path: Path) -> None:
+    """No nesting at all, yet 8 * 10**8 values: one frames list of 20,000 references to one frame
+    dict, shared by 6,000 trace entries (a 200 KB file; the budget is 2**24 values)."""
+    frames = [{"filename": "a.py", "line": 1, "name": "f"}] * 20_000
+    entries = [{"action": "alloc", "addr": 0, "size": 512, "frames": frames} for _ in range(6_000)]
+    data = pickle.dumps({"segments": [], "device_traces": [entries]}, protocol=4)
+    assert len(data) < 300_000 and len(pickle.loads(data)["device_traces"][0]) == 6_000
+    assert "billion laughs" in str(_refused(data, tmp_path))
+
+
 @pytest.mark.parametrize("cut", [0.1, 0.5, 0.99])
 def test_truncated_pickle_is_one_line_error(tmp_path: Path, cut: float) -> None:
     data = pickle.dumps(scenario_snapshot("2.1+"), protocol=4)

@@ -35,6 +35,7 @@ from vramlens.allocator._blocks import (
     round_request,
 )
 from vramlens.allocator._caching import CachingAllocatorModel
+from vramlens.allocator._drive import drive
 
 if TYPE_CHECKING:
     import numpy as np
@@ -205,7 +206,7 @@ def replay(
         expandable=chosen.expandable_segments,
         capacity=chosen.capacity_bytes,
     )
-    allocated, reserved, ooms = _drive(model, size_list, key_list, stream_list)
+    allocated, reserved, ooms = drive(model, size_list, key_list, stream_list)
     return _result(allocated, reserved, ooms, model.segments_created)
 
 
@@ -227,33 +228,6 @@ def _event_lists(sizes: Any, keys: Any, streams: Any) -> tuple[list[int], list[i
     if stream_array.shape != size_array.shape:
         raise ValueError(f"replay: streams must match sizes, got {stream_array.shape} and {size_array.shape}")
     return size_array.tolist(), key_array.tolist(), stream_array.tolist()
-
-
-def _drive(
-    model: CachingAllocatorModel, sizes: list[int], keys: list[int], streams: Any
-) -> tuple[list[int], list[int], list[int]]:
-    """Run every event; returns allocated and reserved after each event and the OOM indexes."""
-    count = len(sizes)
-    allocated, reserved = [0] * count, [0] * count
-    ooms: list[int] = []
-    live: dict[int, Any] = {}
-    malloc, free = model.malloc, model.free
-    for index, nbytes, key, stream in zip(range(count), sizes, keys, streams, strict=False):
-        if nbytes > 0:
-            if key in live:
-                raise ValueError(f"replay: event {index} allocates key {key}, which is still live")
-            block = malloc(nbytes, stream)
-            if block is None:
-                ooms.append(index)
-            else:
-                live[key] = block
-        elif nbytes < 0:
-            block = live.pop(key, None)
-            if block is not None:
-                free(block)
-        allocated[index] = model.allocated
-        reserved[index] = model.reserved
-    return allocated, reserved, ooms
 
 
 def _result(allocated: list[int], reserved: list[int], ooms: list[int], segments: int) -> ReplayResult:

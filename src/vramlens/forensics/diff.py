@@ -14,7 +14,7 @@ from typing import Any
 from vramlens.categories import Category
 from vramlens.forensics.sources import Source
 from vramlens.forensics.view import NO_PHASE, ViewReport, build_view
-from vramlens.simulator.report import allocated_timeline
+from vramlens.result.timeline import allocated_timeline
 
 __all__ = ["DiffRow", "RankPeak", "RankView", "ViewDiff", "build_ranks", "diff_views"]
 

@@ -5,7 +5,7 @@
 
 * the peak at each memory level known for the source: ``tensor`` (requested/raw bytes),
   ``allocated`` (each allocation rounded up to the CUDA caching allocator's 512-byte blocks,
-  as :func:`vramlens.simulator.report.allocated_timeline` does; a snapshot's trace holds
+  as :func:`vramlens.result.timeline.allocated_timeline` does; a snapshot's trace holds
   requested sizes, so its block sizes are rebuilt the same way), ``reserved`` measured (a
   snapshot's segments at dump time) and modelled (the events replayed through
   :func:`vramlens.allocator.replay`), ``device`` only when the record has it;
@@ -41,8 +41,7 @@ from vramlens.forensics.live import (
 from vramlens.forensics.oom import OomForensics, explain_oom
 from vramlens.forensics.sources import Source, SourceFormat
 from vramlens.result.report import MemoryReport, PhaseMemory
-from vramlens.result.timeline import CATEGORY_ORDER, Timeline
-from vramlens.simulator.report import allocated_timeline
+from vramlens.result.timeline import CATEGORY_ORDER, Timeline, allocated_timeline
 from vramlens.units import format_bytes
 
 __all__ = ["NO_PHASE", "Levels", "ViewReport", "build_view", "categories_status"]
@@ -247,11 +246,10 @@ def _count(timeline: Timeline, key: str) -> int | None:
 def _phase_memories(rounded: Timeline) -> tuple[list[PhaseMemory], str]:
     """Each phase at its allocated high point, in table order (events outside phases form
     ``NO_PHASE`` when they hold the peak or no phase exists), and the name of the peak's phase.
-    Vectorised: one sort finds every phase's first highest event, one cumulative sum per
-    category gives the breakdowns there (thousands of annotated phases cost no more)."""
+    Vectorised: :func:`_first_highest` finds every phase's first highest event, one cumulative
+    sum per category gives the breakdowns there (thousands of annotated phases cost no more)."""
     live, codes = rounded.live_bytes, rounded.phase.astype(np.int64)
-    order = np.lexsort((np.arange(len(rounded)), -live, codes))
-    first = order[np.r_[True, codes[order][1:] != codes[order][:-1]]]
+    first = _first_highest(live, codes)
     peak_code = int(codes[rounded.peak_index])
     named = first[codes[first] >= 0]
     ats = np.concatenate([named, first[codes[first] < 0]]) if peak_code < 0 or not len(named) else named
@@ -265,6 +263,19 @@ def _phase_memories(rounded: Timeline) -> tuple[list[PhaseMemory], str]:
             PhaseMemory(name=name, allocated_bytes=int(live[at]), breakdown=breakdown, note=f"event {at} in {module}")
         )
     return found, rounded.phases[peak_code] if peak_code >= 0 else NO_PHASE
+
+
+def _first_highest(live: npt.NDArray[np.int64], codes: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """For each distinct code, ascending, the first position where ``live`` is highest among the
+    positions of that code: two scatter passes (``ufunc.at``), linear in the events."""
+    offset = codes - codes.min()
+    size = int(offset.max()) + 1
+    highest = np.full(size, np.iinfo(np.int64).min)
+    np.maximum.at(highest, offset, live)
+    hits = np.flatnonzero(live == highest[offset])
+    firsts = np.full(size, len(live))
+    np.minimum.at(firsts, offset[hits], hits)
+    return firsts[firsts < len(live)]
 
 
 def _breakdowns_at(timeline: Timeline, indexes: npt.NDArray[np.int64]) -> list[dict[Category, int]]:

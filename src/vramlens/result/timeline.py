@@ -19,17 +19,18 @@ and handled by :mod:`vramlens.trace.timeline_io`.
 from __future__ import annotations
 
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from vramlens.allocator._blocks import K_MIN_BLOCK_SIZE
 from vramlens.categories import CATEGORY_ORDER, Category
 from vramlens.errors import InputError
 
-__all__ = ["CATEGORY_ORDER", "Timeline", "TimelineBuilder"]
+__all__ = ["CATEGORY_ORDER", "Timeline", "TimelineBuilder", "allocated_timeline"]
 
 
 _COLUMNS = ("time", "nbytes", "category", "phase", "module", "stack", "storage")
@@ -246,3 +247,11 @@ class TimelineBuilder:
             level=self.level,
             metadata=dict(metadata or {}),
         )
+
+
+def allocated_timeline(timeline: Timeline) -> Timeline:
+    """The timeline with every event rounded to whole 512-byte blocks (the allocator's
+    ``kMinBlockSize``; level ``allocated``)."""
+    sizes = np.abs(timeline.nbytes)
+    rounded = np.sign(timeline.nbytes) * (-(-sizes // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE)
+    return replace(timeline, nbytes=rounded.astype(np.int64), level="allocated")

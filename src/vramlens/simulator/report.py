@@ -12,30 +12,21 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from vramlens.allocator import K_MIN_BLOCK_SIZE, AllocatorSettings, replay
+from vramlens.allocator import AllocatorSettings, replay
 from vramlens.categories import Category
 from vramlens.estimator.runtime import CUBLAS_WORKSPACE_BYTES, runtime_parts
 from vramlens.hardware import GpuSpec
 from vramlens.result.report import MemoryReport, PhaseMemory
-from vramlens.result.timeline import Timeline
+from vramlens.result.timeline import Timeline, allocated_timeline
 from vramlens.units import format_bytes
 from vramlens.workload.spec import Parallelism, Workload
 
 __all__ = ["allocated_timeline", "simulation_report"]
-
-
-def allocated_timeline(timeline: Timeline) -> Timeline:
-    """The timeline with every event rounded to whole 512-byte blocks (the allocator's
-    ``kMinBlockSize``; level ``allocated``)."""
-    sizes = np.abs(timeline.nbytes)
-    rounded = np.sign(timeline.nbytes) * (-(-sizes // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE)
-    return dataclasses.replace(timeline, nbytes=rounded.astype(np.int64), level="allocated")
 
 
 def _phase_memory(rounded: Timeline, name: str, start: int) -> PhaseMemory | None:

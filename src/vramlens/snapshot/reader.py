@@ -52,8 +52,11 @@ def load_snapshot(
     that would import or call anything, or whose lengths do not fit the file, is refused with a
     one-line :class:`InputError`.
     """
-    obj, shown = read_source(source, name)
-    return snapshot_from_object(obj, shown)
+    with paused_gc():  # until the unpickled object is freed: its millions of dicts are no garbage
+        obj, shown = read_source(source, name)
+        snapshot = snapshot_from_object(obj, shown)
+        del obj
+    return snapshot
 
 
 def snapshot_from_object(obj: Any, name: str = "<snapshot>") -> Snapshot:
