@@ -1,4 +1,5 @@
-"""The named quantities of one pipeline stage and the terms that explain them (:class:`StageMemory`).
+"""The named quantities of one pipeline stage and the terms that explain them (:class:`StageMemory`),
+and what is memoized to fill them (:class:`StagePlan`).
 
 :mod:`vramlens.estimator.quantities` fills it, :mod:`vramlens.estimator.step_phases` reads it.
 """
@@ -7,18 +8,34 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
 from vramlens.categories import Category
 from vramlens.estimator.fsdp import Unsharded
 from vramlens.estimator.layout import StageView
 from vramlens.estimator.logits import LogitsMemory
 from vramlens.estimator.memo_keys import SizeFreeInputs
+from vramlens.estimator.recompute import LayerActivations
+from vramlens.estimator.ring_attention import ring_backward_bytes
+from vramlens.model.modules import layer_linears
 from vramlens.resolve._memo import memo
 from vramlens.resolve.context import TrainingContext
 from vramlens.result.report import Term
+from vramlens.units import format_bytes
 
-__all__ = ["WHOLE_STEP", "Formula", "StageEffect", "StageMemory", "Summed", "record_effect", "size_free_effect"]
+if TYPE_CHECKING:
+    from vramlens.estimator.logits_terms import LossPlan
+
+__all__ = [
+    "SIZED_QUANTITIES",
+    "WHOLE_STEP",
+    "Formula",
+    "StageEffect",
+    "StageMemory",
+    "Summed",
+    "record_effect",
+    "size_free_effect",
+]
 
 Formula = Callable[[], str] | str
 #: When the quantities that do not come and go are alive.
@@ -110,6 +127,10 @@ class StageMemory:
     formulas: dict[str, Formula] = field(default_factory=dict)
     """Formulas of the quantities that have no term of their own (working sets, recompute, ...)."""
     notes: list[str] = field(default_factory=list)
+    derived: dict[object, object] = field(default_factory=dict, repr=False, compare=False)
+    """Records derived from the stage's size-free quantities alone, memoized with them (keyed by
+    their class; shared by every :class:`StageMemory` filled from one
+    :class:`~vramlens.estimator.quantities.StagePlan`)."""
 
     def add(
         self,
@@ -150,7 +171,21 @@ class StageMemory:
 
 
 _SUMMED = frozenset(get_args(Summed))
-_LISTS = frozenset({"stage", "terms", "parts", "formulas", "notes"})
+_LISTS = frozenset({"stage", "terms", "parts", "formulas", "notes", "derived"})
+#: The quantities :func:`~vramlens.estimator.quantities.stage_memory` sets for each workload (they
+#: read the batch or the sequence length); every other field comes from the size-free effects.
+SIZED_QUANTITIES = (
+    "activations_bytes",
+    "recompute_bytes",
+    "masks_bytes_per_token",
+    "mixer_backward_bytes_per_token",
+    "inputs_bytes",
+    "non_layer_bytes",
+    "logits",
+    "head_cast_bytes",
+    "working_bytes",
+    "forward_working_bytes",
+)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -193,3 +228,120 @@ def size_free_effect(
     return memo(
         ctx.spec, SizeFreeInputs(part=part, stage=stage.name, workload=keys), lambda: record_effect(stage, fill)
     )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkingSet:
+    """A layer's working sets at one sequence length, bytes per token (see :func:`working_set`):
+    backward and forward before tensor parallelism, the scan backward and forward-only masks already
+    per rank, and on one rank (``max(backward / tp, scan)``, ``forward / tp + masks``)."""
+
+    backward: float
+    forward: float
+    scan: float
+    masks: float
+    backward_per_rank: float
+    forward_per_rank: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AtSeq:
+    """The per-token amounts of one stage at one sequence length (what reads the sequence length
+    but not the batch): saved activations, the working sets without and with a recomputed layer
+    (indexed by that), the loss (last stage)."""
+
+    acts: LayerActivations
+    working: tuple[WorkingSet, WorkingSet]
+    loss: LossPlan | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StagePlan:
+    """What one stage's quantities read besides batch and sequence length (memoized on the model by
+    :class:`~vramlens.estimator.memo_keys.SizeFreeInputs`): the size-free quantities' effects, the
+    micro-batches in flight, the bytes per token outside the layers; and, by sequence length, the
+    per-token amounts (:class:`AtSeq`)."""
+
+    weights: StageEffect
+    transients: StageEffect
+    in_flight: float
+    outside_per_token: float
+    whole_layer: bool
+    """Full recompute or offload: a recomputed layer's tensors are the transient (when it has any)."""
+    notes: tuple[str, ...]
+    by_seq: dict[int, AtSeq] = field(default_factory=dict, compare=False, repr=False)
+    derived: dict[object, object] = field(default_factory=dict, compare=False, repr=False)
+    """Records derived from this plan alone (:attr:`StageMemory.derived`)."""
+
+
+def working_sets(ctx: TrainingContext, mem: StageMemory, working: WorkingSet) -> None:
+    """A layer's backward and forward working sets for ``ctx``'s tokens (:func:`_working_set`); the
+    backward at least ring attention's (context parallel)."""
+    tokens, tp = ctx.tokens, ctx.workload.parallel.tp
+    ring = ring_backward_bytes(ctx)
+    mem.working_bytes = max(int(tokens * working.backward_per_rank), ring)
+    mem.forward_working_bytes = int(tokens * working.forward_per_rank)
+    backward, forward, scan, masks = working.backward, working.forward, working.scan, working.masks
+    mem.formulas["working_bytes"] = lambda: (
+        f"max({backward:,.0f} B/token / tp {tp}, scan backward {scan:,.0f} B/token) x {tokens:,} tokens"
+        + (f"; ring attention backward (cp {ctx.workload.parallel.cp}) {format_bytes(ring)} if larger" if ring else "")
+    )
+    mem.formulas["forward_working_bytes"] = lambda: (
+        f"({forward:,.0f} B/token / tp {tp} + masks {masks:,.0f} B/token) x {tokens:,} tokens"
+    )
+
+
+def working_set(
+    ctx: TrainingContext,
+    targets: frozenset[str],
+    acts: LayerActivations,
+    eager: tuple[float, float, float],
+    recompute: bool,
+) -> WorkingSet:
+    """Intermediates of the layer being computed that nobody keeps (measured on CPU for
+    transformers' Llama layer, see tests/estimator/test_training_hf.py), bytes per token:
+
+    * backward: gradients flowing through the MLP (two ``a*i`` tensors) and the hidden
+      state (two ``a*h``); with recompute the recomputed layer's own tensors are freed as
+      its backward proceeds, leaving ``a*(i + h)``, plus the adapters' output gradient;
+    * forward: the norm's fp32 intermediate and the layer output (``4h + a*h``), or the
+      LoRA adapter sums on the MLP if larger; under recompute nothing is kept, so the
+      MLP's live intermediates (``2*a*i + a*h``) plus the adapter sums;
+    * a state mixer's scan backward (Mamba 1's gradient buffers), beside its layer less what that
+      layer freed before it (``acts.mixer_backward_per_token``, :func:`vramlens.estimator.recompute.scan_backward_beyond`).
+
+    ``recompute``: a recomputed layer's tensors are counted as the transient (full recompute or
+    offload keeps no layer's internals: its MLP intermediates are transient; selective recompute
+    keeps them as saved activations)."""
+    spec, a, tp = ctx.spec, ctx.compute_bytes, ctx.workload.parallel.tp
+    h = spec.hidden_size
+    inner = spec.mlp.intermediate_size if spec.mlp else spec.moe.expert_intermediate_size * spec.moe.experts_per_token  # type: ignore[union-attr]
+    adapter_sum, adapter_grad = _adapter_transients(ctx, targets, inner)
+    backward = a * (inner + h) + adapter_grad if recompute else a * (2 * inner + 2 * h)
+    forward = (a * h + 2 * a * inner + adapter_sum) if recompute else max(4 * h + a * h, adapter_sum)
+    # Eager attention's score tensors come and go apart from the MLP's intermediates; a recomputed
+    # layer's forward runs inside the backward pass, its kept tensors counted as the transient.
+    over_kept, eager_backward, eager_forward = eager
+    forward = max(forward, eager_forward if recompute else over_kept)
+    backward = max(backward, eager_backward, over_kept if recompute else 0)
+    scan, masks = acts.mixer_backward_per_token, acts.masks_per_token
+    return WorkingSet(
+        backward=backward,
+        forward=forward,
+        scan=scan,
+        masks=masks,
+        backward_per_rank=max(backward / tp, scan),
+        forward_per_rank=forward / tp + masks,
+    )
+
+
+def _adapter_transients(ctx: TrainingContext, targets: frozenset[str], inner: int) -> tuple[float, float]:
+    """Bytes per token of PEFT's ``result + lora_B(lora_A(x)) * scaling`` on an MLP input
+    projection: (forward: base output, scaled adapter output and promoted sum; backward:
+    the adapter output's gradient). ``d`` is 4 for fp32 adapters, 2 for bf16 or under autocast."""
+    if not targets or not any(
+        s.group == "mlp_in" and s.name in targets for s in layer_linears(ctx.spec, moe_layer=not ctx.spec.mlp)
+    ):
+        return 0.0, 0.0
+    d = 2 if ctx.autocast or not ctx.profile.adapters_fp32 else 4
+    return (2 * d + ctx.compute_bytes) * inner, d * inner

@@ -21,17 +21,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vramlens.categories import Category
-from vramlens.estimator.layout import param_layout
+from vramlens.estimator.layout import ParamLayout, param_layout
 from vramlens.estimator.margins import runtime_spread, safe_levels
-from vramlens.estimator.quantities import StageMemory, stage_memory
+from vramlens.estimator.memo_keys import SizeFreeInputs
+from vramlens.estimator.quantities import StageMemory, stage_memory, stage_plan
 from vramlens.estimator.reserved import TrainingSlack, allocator_settings, layer_churn, training_slack
 from vramlens.estimator.runtime import communicators, runtime_parts, runtime_terms
+from vramlens.estimator.stage_memory import StagePlan
 from vramlens.estimator.step_phases import training_phases
 from vramlens.estimator.vision import vision_notes
 from vramlens.hardware import GpuSpec
 from vramlens.model.spec import ModelSpec
 from vramlens.resolve._memo import memo
-from vramlens.resolve.context import TrainingContext, resolve_training
+from vramlens.resolve.context import TrainingContext, resize_training, resolve_training
 from vramlens.result.report import MemoryReport, PhaseMemory, SafeLevels, Term
 from vramlens.units import format_bytes
 from vramlens.workload.options import Shard
@@ -54,13 +56,19 @@ class _Levels:
     runtime_terms: tuple[Term, ...]
 
 
-def _levels(ctx: TrainingContext, mem: StageMemory, peak: PhaseMemory, targets: frozenset[str]) -> _Levels:
+def _levels(
+    ctx: TrainingContext, mem: StageMemory, peak: PhaseMemory, targets: frozenset[str], plan: _Plan | None
+) -> _Levels:
     """Reserved (allocator slack), device (runtime parts) and the safe figures above the allocated peak."""
     workload = ctx.workload
     slack = training_slack(ctx, mem, targets, allocator_settings(workload.alloc_conf))
     eager = older_than(workload.versions, "lazy_module_loading")
-    key = RuntimeInputs(parallel=workload.parallel, paged_bytes=mem.paged_states_bytes, eager_modules=eager)
-    outside = memo(ctx.spec, key, lambda: _runtime(key))
+    outside = plan.runtime if plan is not None else None
+    if outside is None or outside.paged_bytes != mem.paged_states_bytes:
+        key = RuntimeInputs(parallel=workload.parallel, paged_bytes=mem.paged_states_bytes, eager_modules=eager)
+        outside = memo(ctx.spec, key, lambda: _runtime(key))
+        if plan is not None:
+            plan.runtime = outside
     runtime = dict(outside.parts)
     reserved = peak.allocated_bytes + slack.total_bytes
     device = reserved + outside.total_bytes
@@ -98,6 +106,7 @@ class RuntimeInputs:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class _Runtime:
+    paged_bytes: int
     parts: tuple[tuple[str, int], ...]
     total_bytes: int
     spread_bytes: int
@@ -108,6 +117,7 @@ def _runtime(key: RuntimeInputs) -> _Runtime:
     """Memory outside the allocator (:func:`runtime_parts`), its margin and its terms."""
     runtime = runtime_parts(key.parallel, paged_bytes=key.paged_bytes, eager_modules=key.eager_modules)
     return _Runtime(
+        paged_bytes=key.paged_bytes,
         parts=tuple(runtime.items()),
         total_bytes=sum(runtime.values()),
         spread_bytes=runtime_spread(runtime, len(communicators(key.parallel))),
@@ -116,42 +126,54 @@ def _runtime(key: RuntimeInputs) -> _Runtime:
 
 
 def _slack_terms(slack: TrainingSlack, mem: StageMemory, alloc_conf: str) -> tuple[Term, ...]:
-    """The reserved level's terms above the allocated peak: the allocator slack's two parts."""
+    """The reserved level's terms above the allocated peak: the allocator slack's parts (those not 0)."""
     conf = alloc_conf or "default PYTORCH_CUDA_ALLOC_CONF"
-    churn = layer_churn(mem)
-    terms = (
-        Term(
-            name="allocator slack: vocabulary-sized tensors (replayed)",
-            category=_C.ALLOCATOR_SLACK,
-            bytes=slack.vocabulary_bytes,
-            explain=lambda: (
-                f"logits, loss, head and embedding requests of the step replayed through the caching-allocator "
-                f"model ({conf}), less what the layers' gradients reuse"
-            ),
-            alive="cached blocks, from the first step on",
-        ),
-        Term(
-            name="allocator slack: decoder layers' churn (fitted fractions)",
-            category=_C.ALLOCATOR_SLACK,
-            bytes=0 if slack.replayed else slack.layers_bytes,
-            explain=lambda: (
-                f"fitted fractions x churn of saved activations {churn[0]:,} B, backward working sets {churn[1]:,} B, "
-                f"parameter-sized tensors {churn[2]:,} B (reserved.py LAYER_SLACK_FRACTION, {conf})"
-            ),
-            alive="cached blocks, from the first step on",
-        ),
-        Term(
-            name="allocator slack: the whole step (replayed)",
-            category=_C.ALLOCATOR_SLACK,
-            bytes=slack.layers_bytes if slack.replayed else 0,
-            explain=lambda: (
-                f"every request of the step (each layer's saved tensors, working sets, gradients, optimizer state "
-                f"and temporaries, logits and loss) replayed through the caching-allocator model ({conf})"
-            ),
-            alive="cached blocks, from the first step on",
-        ),
-    )
-    return tuple(term for term in terms if term.bytes)
+    found = []
+    if slack.vocabulary_bytes:
+        found.append(
+            Term(
+                name="allocator slack: vocabulary-sized tensors (replayed)",
+                category=_C.ALLOCATOR_SLACK,
+                bytes=slack.vocabulary_bytes,
+                explain=lambda: (
+                    f"logits, loss, head and embedding requests of the step replayed through the caching-allocator "
+                    f"model ({conf}), less what the layers' gradients reuse"
+                ),
+                alive="cached blocks, from the first step on",
+            )
+        )
+    if slack.layers_bytes and not slack.replayed:
+
+        def churn() -> str:
+            saved, working, params = layer_churn(mem)
+            return (
+                f"fitted fractions x churn of saved activations {saved:,} B, backward working sets {working:,} B, "
+                f"parameter-sized tensors {params:,} B (reserved.py LAYER_SLACK_FRACTION, {conf})"
+            )
+
+        found.append(
+            Term(
+                name="allocator slack: decoder layers' churn (fitted fractions)",
+                category=_C.ALLOCATOR_SLACK,
+                bytes=slack.layers_bytes,
+                explain=churn,
+                alive="cached blocks, from the first step on",
+            )
+        )
+    if slack.layers_bytes and slack.replayed:
+        found.append(
+            Term(
+                name="allocator slack: the whole step (replayed)",
+                category=_C.ALLOCATOR_SLACK,
+                bytes=slack.layers_bytes,
+                explain=lambda: (
+                    f"every request of the step (each layer's saved tensors, working sets, gradients, optimizer "
+                    f"state and temporaries, logits and loss) replayed through the caching-allocator model ({conf})"
+                ),
+                alive="cached blocks, from the first step on",
+            )
+        )
+    return tuple(found)
 
 
 def _reserved_note(slack: TrainingSlack, alloc_conf: str, *, sharded: bool) -> str:
@@ -168,20 +190,69 @@ def _reserved_note(slack: TrainingSlack, alloc_conf: str, *, sharded: bool) -> s
     )
 
 
-def estimate_training(spec: ModelSpec, workload: Workload, *, gpu: GpuSpec | None = None) -> MemoryReport:
-    """Per-GPU memory of one training step of ``workload`` on ``spec`` (busiest rank),
-    checked against ``gpu`` when one is given."""
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PlanInputs:
+    """The memo key of a training estimate's :class:`_Plan`: every workload key but the sizes
+    (:data:`~vramlens.estimator.memo_keys.SIZE_KEYS`)."""
+
+    workload: tuple[object, ...]
+
+
+@dataclass(kw_only=True, slots=True)
+class _Plan:
+    """What a training estimate reads besides the batch and the sequence length, for one model and
+    one set of the workload's other keys: the context resolved for the first such workload (the
+    others' are it resized: :func:`~vramlens.resolve.context.resize_training`), the parameter
+    layout, each stage's plan once made, and the memory outside the allocator once computed."""
+
+    context: TrainingContext
+    layout: ParamLayout
+    stages: list[StagePlan | None]
+    runtime: _Runtime | None = None
+
+
+def _plan(spec: ModelSpec, workload: Workload) -> tuple[TrainingContext, _Plan]:
+    """The workload's context and plan (made by resolving the workload: its errors come first)."""
+    key = PlanInputs(workload=SizeFreeInputs.workload_keys(workload))
+    plan = memo(spec, key, lambda: _new_plan(spec, workload))
+    if plan.context.workload is workload:
+        return plan.context, plan
+    return resize_training(plan.context, workload), plan
+
+
+def _new_plan(spec: ModelSpec, workload: Workload) -> _Plan:
     ctx = resolve_training(spec, workload)
-    if spec.generic is not None:
+    layout = param_layout(ctx)
+    return _Plan(context=ctx, layout=layout, stages=[None] * len(layout.stages))
+
+
+def _stage_memories(ctx: TrainingContext, plan: _Plan | None) -> tuple[ParamLayout, list[StageMemory]]:
+    """The layout and each stage's quantities (a model described from its code: its traced recipe)."""
+    if plan is None:
         from vramlens.estimator.generic import generic_layout
         from vramlens.estimator.generic_terms import generic_stage_memory
 
-        layout, memory = generic_layout(ctx), generic_stage_memory
+        layout = generic_layout(ctx)
+        return layout, [generic_stage_memory(ctx, stage, layout.targets) for stage in layout.stages]
+    layout, found = plan.layout, []
+    for index, stage in enumerate(layout.stages):
+        made = plan.stages[index]
+        if made is None:
+            made = plan.stages[index] = stage_plan(ctx, stage, layout.targets)
+        found.append(stage_memory(ctx, stage, layout.targets, made))
+    return layout, found
+
+
+def estimate_training(spec: ModelSpec, workload: Workload, *, gpu: GpuSpec | None = None) -> MemoryReport:
+    """Per-GPU memory of one training step of ``workload`` on ``spec`` (busiest rank),
+    checked against ``gpu`` when one is given."""
+    if spec.generic is not None:
+        ctx, plan = resolve_training(spec, workload), None
     else:
-        layout, memory = param_layout(ctx), stage_memory
+        ctx, plan = _plan(spec, workload)
+    layout, memories = _stage_memories(ctx, plan)
     best: tuple[int, StageMemory, list[PhaseMemory]] | None = None
-    for stage in layout.stages:
-        mem = memory(ctx, stage, layout.targets)
+    for mem in memories:
         phases = training_phases(ctx, mem)
         highest = max(phase.allocated_bytes for phase in phases)
         if best is None or highest > best[0]:
@@ -189,7 +260,7 @@ def estimate_training(spec: ModelSpec, workload: Workload, *, gpu: GpuSpec | Non
     assert best is not None
     allocated, mem, phases = best
     peak = max(phases, key=lambda phase: phase.allocated_bytes)
-    levels = _levels(ctx, mem, peak, layout.targets)
+    levels = _levels(ctx, mem, peak, layout.targets, plan)
     notes = [*ctx.assumptions, *vision_notes(ctx), *dict.fromkeys(mem.notes), levels.note]
     if len(layout.stages) > 1:
         notes.append(f"pipeline parallel: reporting the {mem.stage.name}, the busier of the first and last stages")
