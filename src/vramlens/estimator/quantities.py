@@ -286,6 +286,7 @@ def _stage_plan(ctx: TrainingContext, stage: StageView, targets: frozenset[str])
     final = (final_norm_per_token(ctx) / parallel.tp + head_input_per_token(ctx)) if stage.last else 0
     interleaved = parallel.pp > 1 and parallel.pp_schedule is PipelineSchedule.INTERLEAVED_1F1B
     plan = StagePlan(
+        stage=stage,
         weights=weights,
         transients=transients,
         in_flight=micro_batches_in_flight(parallel.pp_schedule, parallel.pp, ctx.workload.grad_accum)
@@ -356,11 +357,10 @@ def stage_memory(
         if len(plan.by_seq) >= MEMO_LIMIT:
             plan.by_seq.clear()
         at = plan.by_seq[ctx.workload.seq] = _at_seq(ctx, stage, targets)
-    mem = StageMemory(stage=stage, derived=plan.derived)
-    mem.apply(plan.weights)
+    mem = plan.memory()
     _activations(mem, plan, at.acts, ctx.tokens)
     if at.loss is not None:
         at.loss.fill(ctx, mem)
-    mem.apply(plan.transients)
+    plan.finish(mem)
     working_sets(ctx, mem, at.working[plan.whole_layer and mem.recompute_bytes > 0])
     return mem

@@ -204,9 +204,7 @@ def training_slack(
     layers = int(sum(f * c for f, c in zip(LAYER_SLACK_FRACTION[key], churn, strict=True)))
     template = _template(ctx, mem, targets, micro_steps, settings)
     if template is not None:
-        from vramlens.estimator.slack_template import sized_inputs
-
-        vocabulary = template.slack(sized_inputs(ctx, mem), settings)  # type: ignore[attr-defined]
+        vocabulary = template.slack(ctx, mem, settings)  # type: ignore[attr-defined]
         less = template.layer_gradients_bytes  # type: ignore[attr-defined]
         return TrainingSlack(vocabulary_bytes=max(0, vocabulary - less), layers_bytes=layers, spread_bytes=spread)
     loss = training_loss_script(ctx, mem, targets)

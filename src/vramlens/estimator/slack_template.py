@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from dataclasses import dataclass
-from operator import itemgetter
+from operator import attrgetter
 
 from vramlens.allocator import AllocatorSettings
 from vramlens.allocator.pattern import Repeat, repeated_peaks
@@ -33,6 +33,14 @@ __all__ = ["VocabularyTemplate", "sized_inputs", "vocabulary_template"]
 
 _LOGITS = ("forward_end", "kept", "backward_start", "outputs")
 _SCALARS = tuple(name for name in SIZED_QUANTITIES if name != "logits")
+#: Where each sized input is read: of the context, or of the stage's memory (``mem.``).
+_INPUTS = (
+    "tokens",
+    "workload.batch",
+    "workload.seq",
+    *[f"mem.{name}" for name in _SCALARS],
+    *[f"mem.logits.{name}" for name in _LOGITS],
+)
 #: Slack results kept per template before they are dropped.
 RESULT_LIMIT = 1 << 16
 
@@ -65,23 +73,33 @@ class VocabularyTemplate:
         self.parts = parts
         self.counts = tuple(count for _, count in parts if count)
         self.layer_gradients_bytes = layer_gradients_bytes
-        read = {
-            index for events, _ in parts for size, _, _ in events if isinstance(size, Linear) for index, _ in size.terms
-        }
-        self.reads = itemgetter(*sorted(read)) if read else (lambda _: ())
-        """The sized inputs the requests read (the results' key)."""
+        read = sorted(
+            {
+                index
+                for events, _ in parts
+                for size, _, _ in events
+                if isinstance(size, Linear)
+                for index, _ in size.terms
+            }
+        )
+        names = [_INPUTS[index] for index in read]
+        contexts = [name for name in names if not name.startswith("mem.")]
+        memories = [name[4:] for name in names if name.startswith("mem.")]
+        self.reads = (attrgetter(*contexts) if contexts else None, attrgetter(*memories) if memories else None)
+        """Getters of the sized inputs the requests read, of the context and of the stage (the results' key)."""
         self.results = results
 
-    def slack(self, sizes: tuple[int | float, ...], settings: AllocatorSettings) -> int:
-        """The replayed vocabulary slack (bytes, at least 0) for the sized inputs ``sizes``
-        (:func:`sized_inputs`): ``max(0, replayed slack)`` of the requests they give."""
-        key = self.reads(sizes)
+    def slack(self, ctx: TrainingContext, mem: StageMemory, settings: AllocatorSettings) -> int:
+        """The replayed vocabulary slack (bytes, at least 0) of ``ctx`` and ``mem``'s sized inputs:
+        ``max(0, replayed slack)`` of the requests they give."""
+        of_context, of_stage = self.reads
+        key = (of_context(ctx) if of_context else None, of_stage(mem) if of_stage else None)
         found = self.results.get(key)
         if found is not None and (found.counts == self.counts or found.holds_for(self.counts)):
             return found.slack_bytes
         if len(self.results) >= RESULT_LIMIT:
             self.results.clear()
-        peaks, converged = repeated_peaks(self.requests(sizes), settings)
+        peaks, converged = repeated_peaks(self.requests(sized_inputs(ctx, mem)), settings)
         made = _Result(slack_bytes=max(0, peaks.slack_bytes), counts=self.counts, least=converged)
         self.results[key] = made
         return made.slack_bytes

@@ -262,6 +262,7 @@ class StagePlan:
     micro-batches in flight, the bytes per token outside the layers; and, by sequence length, the
     per-token amounts (:class:`AtSeq`)."""
 
+    stage: StageView
     weights: StageEffect
     transients: StageEffect
     in_flight: float
@@ -272,6 +273,33 @@ class StagePlan:
     by_seq: dict[int, AtSeq] = field(default_factory=dict, compare=False, repr=False)
     derived: dict[object, object] = field(default_factory=dict, compare=False, repr=False)
     """Records derived from this plan alone (:attr:`StageMemory.derived`)."""
+    filled: StageMemory = field(init=False, compare=False, repr=False)
+    """A memory with both effects applied (what :meth:`memory` copies)."""
+
+    def __post_init__(self) -> None:
+        filled = StageMemory(stage=self.stage, derived=self.derived)
+        filled.apply(self.weights)
+        filled.apply(self.transients)
+        object.__setattr__(self, "filled", filled)
+
+    def memory(self) -> StageMemory:
+        """A new memory of the stage as the weights effect, then the transients effect, leave it, but
+        for the terms and notes, which are the weights effect's (the caller adds the sized ones, then
+        :meth:`finish`): the sized quantities are none of the effects'."""
+        filled = self.filled
+        mem = object.__new__(StageMemory)
+        vars(mem).update(vars(filled))
+        mem.terms = list(self.weights.terms)
+        mem.parts = {key: list(terms) for key, terms in filled.parts.items()}
+        mem.formulas = dict(filled.formulas)
+        mem.notes = list(self.weights.notes)
+        return mem
+
+    def finish(self, mem: StageMemory) -> None:
+        """Append the transients effect's terms and notes (after the sized ones, in the order the
+        quantities are computed)."""
+        mem.terms.extend(self.transients.terms)
+        mem.notes.extend(self.transients.notes)
 
 
 def working_sets(ctx: TrainingContext, mem: StageMemory, working: WorkingSet) -> None:

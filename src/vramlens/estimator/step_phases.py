@@ -9,10 +9,12 @@ See :mod:`vramlens.estimator.training` for the instants.
 
 from __future__ import annotations
 
+from typing import cast
+
 from vramlens.categories import Category
 from vramlens.estimator.qlora import prepare_cast_bytes
 from vramlens.estimator.runtime import CUBLAS_FORMULA, CUBLAS_WORKSPACE_BYTES
-from vramlens.estimator.stage_memory import Formula, StageMemory, Summed
+from vramlens.estimator.stage_memory import SIZED_QUANTITIES, Formula, StageMemory, Summed
 from vramlens.resolve.context import TrainingContext
 from vramlens.result.report import PhaseMemory, Term
 from vramlens.workload.options import Shard
@@ -24,34 +26,34 @@ _C = Category
 
 #: An instant's own amount, its Term made only if the instant is reported: (name, category, bytes, formula).
 _Own = tuple[str, Category, int, Formula]
+#: ``StageMemory.derived`` keys (size-free records, shared by the estimates of one stage plan).
+_BASE, _SUMS, _OPTIMIZER = "phases: base", "phases: size-free sums", "phases: optimizer step"
 
 
 class _Instant:
     """The terms alive at one instant of a step: whole quantities (their terms) and the
-    instant's own amounts, named with their formula. Only a reported instant's own terms are
-    made (:meth:`terms`); its total is kept as the pieces are added."""
+    instant's own amounts, named with their formula. Its total is kept as they are added; its
+    breakdown comes from the quantities' sums; its terms are made only if read (:meth:`phase`)."""
 
     __slots__ = ("alive", "mem", "pieces", "total_bytes")
 
-    def __init__(self, mem: StageMemory, alive: str) -> None:
+    def __init__(self, mem: StageMemory, alive: str, pieces: tuple[Summed | list[Term], ...] = (), total: int = 0):
         self.mem, self.alive = mem, alive
-        self.pieces: list[list[Term] | _Own] = []
-        self.total_bytes = 0
+        self.pieces: list[Summed | list[Term] | _Own] = list(pieces)
+        self.total_bytes = total
 
     def part(self, quantity: Summed) -> None:
         """Every term of ``quantity`` (alive at this instant in full; they add up to the quantity)."""
-        terms = self.mem.parts.get(quantity)
-        if terms:
-            self.pieces.append(terms)
+        if self.mem.parts.get(quantity):
+            self.pieces.append(quantity)
             self.total_bytes += getattr(self.mem, quantity)
 
     def parts(self, *quantities: Summed) -> None:
         """Every term of each of ``quantities``, in order (see :meth:`part`)."""
         mem, pieces = self.mem, self.pieces
         for quantity in quantities:
-            terms = mem.parts.get(quantity)
-            if terms:
-                pieces.append(terms)
+            if mem.parts.get(quantity):
+                pieces.append(quantity)
                 self.total_bytes += getattr(mem, quantity)
 
     def add(self, name: str, category: Category, value: int, formula: Formula) -> None:
@@ -69,14 +71,58 @@ class _Instant:
     def terms(self) -> list[Term]:
         """The instant's terms, in the order they were added."""
         found: list[Term] = []
-        alive = self.alive
+        alive, parts = self.alive, self.mem.parts
         for piece in self.pieces:
-            if isinstance(piece, list):
+            if isinstance(piece, str):
+                found.extend(parts[piece])
+            elif isinstance(piece, list):
                 found.extend(piece)
             else:
                 name, category, value, formula = piece
                 found.append(Term(name=name, category=category, bytes=value, explain=formula, alive=alive))
         return found
+
+    def breakdown(self) -> dict[Category, int]:
+        """Bytes by category (none 0), in the order the categories first appear in :meth:`terms`;
+        they add up to the instant's total."""
+        mem = self.mem
+        known = cast("dict[str, tuple[tuple[Category, int], ...]] | None", mem.derived.get(_SUMS))
+        if known is None:
+            known = {}
+            mem.derived[_SUMS] = known
+        found: dict[Category, int] = {}
+        for piece in self.pieces:
+            if isinstance(piece, tuple):
+                found[piece[1]] = found.get(piece[1], 0) + piece[2]
+                continue
+            if isinstance(piece, list):
+                sums = _CUBLAS_SUMS if piece is _CUBLAS else _sums(piece)
+            else:
+                found_sums = known.get(piece)
+                if found_sums is None:
+                    found_sums = _sums(mem.parts[piece])
+                    if piece not in SIZED_QUANTITIES:
+                        known[piece] = found_sums
+                sums = found_sums
+            for category, amount in sums:
+                found[category] = found.get(category, 0) + amount
+        return {category: value for category, value in found.items() if value}
+
+    def phase(self, name: str, note: str) -> PhaseMemory:
+        """This instant as the phase ``name`` (its terms and breakdown made when first read)."""
+        if not self.pieces:
+            return PhaseMemory.of_terms(name, note, [])
+        return PhaseMemory.terms_later(
+            name=name, allocated_bytes=self.total_bytes, note=note, breakdown=self.breakdown, terms=self.terms
+        )
+
+
+def _sums(terms: list[Term]) -> tuple[tuple[Category, int], ...]:
+    """Bytes of ``terms`` by category, in the order the categories first appear."""
+    found: dict[Category, int] = {}
+    for term in terms:
+        found[term.category] = found.get(term.category, 0) + term.bytes
+    return tuple(found.items())
 
 
 #: The cuBLAS workspace's term (the same at every instant).
@@ -91,13 +137,21 @@ _CUBLAS = [
 ]
 
 
+_CUBLAS_SUMS = ((_C.OTHER, CUBLAS_WORKSPACE_BYTES),)
+
+
 def _base(mem: StageMemory, alive: str) -> _Instant:
-    """Parameters, optimizer state and the cuBLAS workspace: alive at every instant."""
-    instant = _Instant(mem, alive)
-    instant.parts("params_bytes", "states_bytes")
-    instant.pieces.append(_CUBLAS)
-    instant.total_bytes += CUBLAS_WORKSPACE_BYTES
-    return instant
+    """Parameters, optimizer state and the cuBLAS workspace: alive at every instant (the same for
+    every estimate of a stage plan)."""
+    known = cast("tuple[tuple[Summed | list[Term], ...], int] | None", mem.derived.get(_BASE))
+    if known is None:
+        instant = _Instant(mem, alive)
+        instant.parts("params_bytes", "states_bytes")
+        instant.pieces.append(_CUBLAS)
+        instant.total_bytes += CUBLAS_WORKSPACE_BYTES
+        known = (cast("tuple[Summed | list[Term], ...]", tuple(instant.pieces)), instant.total_bytes)
+        mem.derived[_BASE] = known
+    return _Instant(mem, alive, known[0], known[1])
 
 
 def _kept_gradients(ctx: TrainingContext, mem: StageMemory, instant: _Instant) -> None:
@@ -149,7 +203,7 @@ def _forward(ctx: TrainingContext, mem: StageMemory) -> PhaseMemory:
         instant.part("dequant_bytes")
         _unsharded(instant, u.forward_layer, "in a layer's forward")
     instant.part("casts_bytes")
-    return PhaseMemory.of_terms("forward", f"end of forward: {where}", instant.terms())
+    return instant.phase("forward", f"end of forward: {where}")
 
 
 def tied_embedding_grad_bytes(ctx: TrainingContext) -> int:
@@ -334,15 +388,20 @@ def _backward(ctx: TrainingContext, mem: StageMemory) -> PhaseMemory:
     if tied:
         candidates.append(_tied_backward(ctx, mem, outputs, tied))
     note, peak = max(candidates, key=lambda candidate: candidate[1].total_bytes)
-    return PhaseMemory.of_terms("backward", note, peak.terms())
+    return peak.phase("backward", note)
 
 
 def _optimizer(mem: StageMemory) -> PhaseMemory:
-    instant = _base(mem, "inside optimizer.step()")
-    instant.parts("grads_bytes", "grad_buckets_bytes", "step_temp_bytes")
-    return PhaseMemory.of_terms(
-        "optimizer_step", "optimizer.step(): every gradient and the step's temporaries", instant.terms()
-    )
+    """Inside ``optimizer.step()``: every gradient and the step's temporaries (the same for every
+    estimate of a stage plan)."""
+    known = mem.derived.get(_OPTIMIZER)
+    if known is None:
+        instant = _base(mem, "inside optimizer.step()")
+        instant.parts("grads_bytes", "grad_buckets_bytes", "step_temp_bytes")
+        known = mem.derived[_OPTIMIZER] = instant.phase(
+            "optimizer_step", "optimizer.step(): every gradient and the step's temporaries"
+        )
+    return known  # type: ignore[return-value]
 
 
 def _load(ctx: TrainingContext, mem: StageMemory) -> PhaseMemory | None:
@@ -365,9 +424,7 @@ def _load(ctx: TrainingContext, mem: StageMemory) -> PhaseMemory | None:
         cast,
         "the largest unquantized weight (vocabulary table or fused experts) in the loaded dtype",
     )
-    return PhaseMemory.of_terms(
-        "load", "load: prepare_model_for_kbit_training casting the largest weight", instant.terms()
-    )
+    return instant.phase("load", "load: prepare_model_for_kbit_training casting the largest weight")
 
 
 def training_phases(ctx: TrainingContext, mem: StageMemory) -> list[PhaseMemory]:
