@@ -8,13 +8,14 @@ its formula; :mod:`vramlens.estimator.training` adds them up into phases.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 from vramlens.categories import Category
 from vramlens.estimator.autocast_casts import autocast_casts
 from vramlens.estimator.fsdp import Unsharded, fsdp_memory
 from vramlens.estimator.hook_step import hook_step
 from vramlens.estimator.layout import EMBED_NAMES, StageView, effective_quant, micro_batches_in_flight
-from vramlens.estimator.logits_terms import loss_plan
+from vramlens.estimator.logits_terms import LossPlan, loss_plan
 from vramlens.estimator.memo_keys import SizeFreeInputs
 from vramlens.estimator.offload import gradient_buffers
 from vramlens.estimator.optimizers import OptimizerModel, optimizer_model
@@ -257,9 +258,9 @@ def _static_transients(ctx: TrainingContext, mem: StageMemory) -> None:
     _optimizer_temporaries(ctx, mem)
 
 
-def _at_seq(ctx: TrainingContext, stage: StageView, targets: frozenset[str]) -> AtSeq:
+def _at_seq(ctx: TrainingContext, stage: StageView, targets: frozenset[str], *, memoized: bool = True) -> AtSeq:
     state = train_state(ctx, targets)
-    acts = layer_activations(ctx, state, stage.layer_range)
+    acts = layer_activations(ctx, state, stage.layer_range, memoized=memoized)
     if ctx.method is Method.FREEZE and not EMBED_NAMES & set(ctx.workload.lora.modules_to_save):
         acts = LayerActivations(
             saved_per_token=0.0,
@@ -271,6 +272,41 @@ def _at_seq(ctx: TrainingContext, stage: StageView, targets: frozenset[str]) -> 
     eager = eager_attention_working(ctx, state, stage.layer_range)
     working = (working_set(ctx, targets, acts, eager, False), working_set(ctx, targets, acts, eager, True))
     return AtSeq(acts=acts, working=working, loss=loss)
+
+
+#: ``StagePlan.derived`` key of the per-token amounts when they read no sequence length (or None).
+_SEQ_FREE = "stage: per-token amounts that read no sequence length"
+
+
+def _new_at_seq(ctx: TrainingContext, stage: StageView, targets: frozenset[str], plan: StagePlan) -> AtSeq:
+    """The :class:`AtSeq` of a sequence length the plan has not seen. At the second one, whether
+    they read the sequence length at all: built once more with symbols for the batch and the
+    sequence length (:mod:`vramlens.estimator.size_symbols`), an :class:`AtSeq` that reads neither
+    is the same as the one built for this length, and then serves every length."""
+    at = _at_seq(ctx, stage, targets)
+    if len(plan.by_seq) == 1 and _SEQ_FREE not in plan.derived:
+        plan.derived[_SEQ_FREE] = at if _reads_no_size(ctx, stage, targets, at) else None
+    if len(plan.by_seq) >= MEMO_LIMIT:
+        plan.by_seq.clear()
+    plan.by_seq[ctx.workload.seq] = at
+    return at
+
+
+def _reads_no_size(ctx: TrainingContext, stage: StageView, targets: frozenset[str], at: AtSeq) -> bool:
+    from vramlens.estimator.size_symbols import sized_context, symbols
+
+    try:
+        made = _at_seq(sized_context(ctx, *symbols(3)), stage, targets, memoized=False)
+        return (made.acts, made.working, _loss_key(made.loss)) == (at.acts, at.working, _loss_key(at.loss))
+    except Exception:  # a size read (SizeDependent), or compared (a symbol left in the result)
+        return False
+
+
+def _loss_key(loss: LossPlan | None) -> object:
+    """``loss`` comparable (its ``logits_memory`` partial by its arguments)."""
+    if loss is None or loss.logits is None:
+        return loss
+    return loss.note, loss.head, loss.cast_bytes, loss.logits.args, loss.logits.keywords
 
 
 def _stage_plan(ctx: TrainingContext, stage: StageView, targets: frozenset[str]) -> StagePlan:
@@ -352,11 +388,9 @@ def stage_memory(
     the sequence length but not the batch by sequence length (:func:`stage_plan`, or ``plan`` when the
     caller holds it); what is left is per-token amounts times the tokens."""
     plan = plan or stage_plan(ctx, stage, targets)
-    at = plan.by_seq.get(ctx.workload.seq)
+    at = plan.by_seq.get(ctx.workload.seq) or cast("AtSeq | None", plan.derived.get(_SEQ_FREE))
     if at is None:
-        if len(plan.by_seq) >= MEMO_LIMIT:
-            plan.by_seq.clear()
-        at = plan.by_seq[ctx.workload.seq] = _at_seq(ctx, stage, targets)
+        at = _new_at_seq(ctx, stage, targets, plan)
     mem = plan.memory()
     _activations(mem, plan, at.acts, ctx.tokens)
     if at.loss is not None:

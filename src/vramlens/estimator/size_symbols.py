@@ -14,10 +14,14 @@ by symbols: its caller computes it for each workload instead.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from collections.abc import Sequence
 from typing import NoReturn
 
-__all__ = ["UNAVAILABLE", "Linear", "SizeDependent", "symbols"]
+from vramlens.resolve.context import TrainingContext
+
+__all__ = ["UNAVAILABLE", "Linear", "SizeDependent", "sized_context", "symbols"]
 
 
 class SizeDependent(Exception):
@@ -74,6 +78,11 @@ class Linear:
     def __neg__(self) -> Linear:
         return Linear(tuple((index, -c) for index, c in self.terms), -self.constant)
 
+    def __floordiv__(self, divisor: object) -> Linear:
+        if divisor == 1 and isinstance(divisor, int):  # x // 1 is x (a context-parallel degree of 1)
+            return self
+        raise SizeDependent(f"a size divided by {divisor!r}")
+
     def __mul__(self, factor: object) -> Linear | int:
         if not isinstance(factor, int):
             raise SizeDependent(f"a size multiplied by {type(factor).__name__}")
@@ -88,7 +97,7 @@ class Linear:
 
     __lt__ = __le__ = __gt__ = __ge__ = __eq__ = __ne__ = _refuse
     __bool__ = __hash__ = __index__ = __int__ = __float__ = __round__ = __trunc__ = _refuse
-    __truediv__ = __rtruediv__ = __floordiv__ = __rfloordiv__ = __mod__ = __rmod__ = _refuse
+    __truediv__ = __rtruediv__ = __rfloordiv__ = __mod__ = __rmod__ = _refuse
     __divmod__ = __pow__ = __rpow__ = __lshift__ = __rshift__ = __and__ = __or__ = __xor__ = _refuse
     __abs__ = __invert__ = __pos__ = __format__ = __iter__ = __len__ = _refuse
 
@@ -119,3 +128,12 @@ class _Unavailable:
 
 #: The stand-in for what a symbolic run must not read.
 UNAVAILABLE: object = _Unavailable()
+
+
+def sized_context(ctx: TrainingContext, tokens: object, batch: object, seq: object) -> TrainingContext:
+    """``ctx`` with its tokens and its workload's batch and sequence length replaced (by symbols:
+    the workload is copied without validation, which could not read them)."""
+    workload = copy.copy(ctx.workload)
+    object.__setattr__(workload, "batch", batch)
+    object.__setattr__(workload, "seq", seq)
+    return dataclasses.replace(ctx, workload=workload, tokens=tokens)  # type: ignore[arg-type]

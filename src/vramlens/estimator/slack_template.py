@@ -16,14 +16,13 @@ template is made: the estimator keeps building the requests for each workload.
 from __future__ import annotations
 
 import copy
-import dataclasses
 from dataclasses import dataclass
 from operator import attrgetter
 
 from vramlens.allocator import AllocatorSettings
 from vramlens.allocator.pattern import Repeat, repeated_peaks
 from vramlens.estimator.logits import LogitsMemory
-from vramlens.estimator.size_symbols import UNAVAILABLE, Linear, symbols
+from vramlens.estimator.size_symbols import UNAVAILABLE, Linear, sized_context, symbols
 from vramlens.estimator.stage_memory import SIZED_QUANTITIES, StageMemory
 from vramlens.estimator.step_pattern import step_pattern
 from vramlens.estimator.step_shape import step_shape
@@ -247,10 +246,7 @@ def _probes(ctx: TrainingContext, mem: StageMemory) -> tuple[TrainingContext, St
     """``ctx`` and ``mem`` with every sized input a symbol (in :func:`sized_inputs`' order) and the
     stage's terms, formulas and notes unavailable."""
     sizes = symbols(3 + len(_SCALARS) + (len(_LOGITS) if mem.logits is not None else 0))
-    workload = copy.copy(ctx.workload)
-    object.__setattr__(workload, "batch", sizes[1])  # symbols: no validation can read them
-    object.__setattr__(workload, "seq", sizes[2])
-    probe_ctx = dataclasses.replace(ctx, workload=workload, tokens=sizes[0])  # type: ignore[arg-type]
+    probe_ctx = sized_context(ctx, tokens=sizes[0], batch=sizes[1], seq=sizes[2])
     probe_mem = copy.copy(mem)
     for index, name in enumerate(_SCALARS, 3):
         setattr(probe_mem, name, sizes[index])
