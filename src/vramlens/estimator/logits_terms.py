@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from typing import NamedTuple
 
 from vramlens.categories import Category
 from vramlens.estimator.logits import LogitsMemory, logits_memory
@@ -16,7 +17,7 @@ from vramlens.resolve.context import TrainingContext
 from vramlens.workload.options import Framework, LossImpl
 from vramlens.workload.versions import older_than, rule_note
 
-__all__ = ["LossPlan", "logits_terms", "loss_plan"]
+__all__ = ["LossAmounts", "LossPlan", "logits_terms", "loss_plan"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -33,31 +34,38 @@ class LossPlan:
     head: LoraHead | None
     cast_bytes: int
 
-    def fill(self, ctx: TrainingContext, mem: StageMemory) -> None:
-        """Add the terms of ``ctx``'s tokens to ``mem`` (see :func:`logits_terms`)."""
+    def amounts(self, ctx: TrainingContext) -> LossAmounts:
+        """The logits and loss bytes of ``ctx``'s tokens (see :class:`LossAmounts`)."""
+        tokens, head, head_input = ctx.tokens, self.head, 0
+        logits = fused_head_memory(fused_head(ctx)) if self.logits is None else self.logits(tokens=tokens)  # type: ignore[arg-type]
+        if head is not None:
+            logits = with_lora_head(logits, head, tokens)
+            head_input = int(head.saved * tokens)
+        kept, cast = with_head_weight_cast(logits, self.cast_bytes)
+        return LossAmounts(logits=logits, kept=kept, head_input=head_input, cast_bytes=cast)
+
+    def fill(self, mem: StageMemory, amounts: LossAmounts) -> None:
+        """Add the terms of ``amounts`` to ``mem`` (see :func:`logits_terms`)."""
         if self.note is not None:
             mem.notes.append(self.note)
-        tokens = ctx.tokens
-        logits = fused_head_memory(fused_head(ctx)) if self.logits is None else self.logits(tokens=tokens)  # type: ignore[arg-type]
         if (head := self.head) is not None:
-            logits = with_lora_head(logits, head, tokens)
             mem.add(
                 "LoRA head input (saved)",
                 Category.ACTIVATIONS,
-                head.saved * tokens,
+                amounts.head_input,
                 head.formula,
                 into="non_layer_bytes",
                 alive="from the head's forward to its backward",
             )
-        mem.logits = logits
+        mem.logits = amounts.logits
         mem.add(
             "logits and loss (at the loss)",
             Category.TEMPORARY,
-            logits.forward_end,
-            logits.formula,
+            amounts.logits.forward_end,
+            amounts.logits.formula,
             alive="from the head's forward to the loss's backward",
         )
-        mem.logits, mem.head_cast_bytes = with_head_weight_cast(logits, self.cast_bytes)
+        mem.logits, mem.head_cast_bytes = amounts.kept, amounts.cast_bytes
         mem.add(
             "LM head bf16 weight copy (fp32 head after k-bit preparation)",
             Category.TEMPORARY,
@@ -65,6 +73,16 @@ class LossPlan:
             "V x h x 2 B",
             alive="from the head's forward to its backward",
         )
+
+
+class LossAmounts(NamedTuple):
+    """The logits and loss of one workload: the loss's memory, the same with the head's weight copy
+    (what the phases read), the LoRA head's saved input and the weight copy, bytes."""
+
+    logits: LogitsMemory
+    kept: LogitsMemory
+    head_input: int
+    cast_bytes: int
 
 
 def loss_plan(ctx: TrainingContext, targets: frozenset[str] = frozenset()) -> LossPlan:
@@ -97,4 +115,5 @@ def loss_plan(ctx: TrainingContext, targets: frozenset[str] = frozenset()) -> Lo
 
 def logits_terms(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str] = frozenset()) -> None:
     """The last stage's logits and loss, the LM head's bf16 weight copy after k-bit preparation, a LoRA head."""
-    loss_plan(ctx, targets).fill(ctx, mem)
+    plan = loss_plan(ctx, targets)
+    plan.fill(mem, plan.amounts(ctx))

@@ -8,34 +8,22 @@ its formula; :mod:`vramlens.estimator.training` adds them up into phases.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import cast
 
 from vramlens.categories import Category
 from vramlens.estimator.autocast_casts import autocast_casts
 from vramlens.estimator.fsdp import Unsharded, fsdp_memory
 from vramlens.estimator.hook_step import hook_step
-from vramlens.estimator.layout import EMBED_NAMES, StageView, effective_quant, micro_batches_in_flight
-from vramlens.estimator.logits_terms import LossPlan, loss_plan
+from vramlens.estimator.layout import StageView, effective_quant, micro_batches_in_flight
 from vramlens.estimator.memo_keys import SizeFreeInputs
 from vramlens.estimator.offload import gradient_buffers
 from vramlens.estimator.optimizers import OptimizerModel, optimizer_model
 from vramlens.estimator.outside_layers import final_norm_per_token, rotary_buffer_bytes, rotary_per_token
 from vramlens.estimator.paged import add_bnb_state
 from vramlens.estimator.qlora import dequantized_bytes
-from vramlens.estimator.recompute import LayerActivations, eager_attention_working, layer_activations, train_state
-from vramlens.estimator.stage_memory import (
-    WHOLE_STEP,
-    AtSeq,
-    Formula,
-    StageMemory,
-    StagePlan,
-    Summed,
-    record_effect,
-    working_set,
-    working_sets,
-)
+from vramlens.estimator.stage_memory import WHOLE_STEP, Formula, StageMemory, Summed, record_effect
+from vramlens.estimator.stage_plan import StagePlan, at_seq, build_at_seq, fill_terms, sized_amounts
 from vramlens.estimator.trl_head import head_input_per_token
-from vramlens.resolve._memo import MEMO_LIMIT, memo
+from vramlens.resolve._memo import memo
 from vramlens.resolve.context import TrainingContext
 from vramlens.units import format_bytes
 from vramlens.workload.options import Method, Offload, PipelineSchedule, Quant, Recompute, Shard
@@ -258,63 +246,12 @@ def _static_transients(ctx: TrainingContext, mem: StageMemory) -> None:
     _optimizer_temporaries(ctx, mem)
 
 
-def _at_seq(ctx: TrainingContext, stage: StageView, targets: frozenset[str], *, memoized: bool = True) -> AtSeq:
-    state = train_state(ctx, targets)
-    acts = layer_activations(ctx, state, stage.layer_range, memoized=memoized)
-    if ctx.method is Method.FREEZE and not EMBED_NAMES & set(ctx.workload.lora.modules_to_save):
-        acts = LayerActivations(
-            saved_per_token=0.0,
-            transient_per_token=0.0,
-            full_layer_parts=acts.full_layer_parts,
-            notes=("only the head trains: no layer activations are kept",),
-        )
-    loss = loss_plan(ctx, targets) if stage.last else None
-    eager = eager_attention_working(ctx, state, stage.layer_range)
-    working = (working_set(ctx, targets, acts, eager, False), working_set(ctx, targets, acts, eager, True))
-    return AtSeq(acts=acts, working=working, loss=loss)
-
-
-#: ``StagePlan.derived`` key of the per-token amounts when they read no sequence length (or None).
-_SEQ_FREE = "stage: per-token amounts that read no sequence length"
-
-
-def _new_at_seq(ctx: TrainingContext, stage: StageView, targets: frozenset[str], plan: StagePlan) -> AtSeq:
-    """The :class:`AtSeq` of a sequence length the plan has not seen. At the second one, whether
-    they read the sequence length at all: built once more with symbols for the batch and the
-    sequence length (:mod:`vramlens.estimator.size_symbols`), an :class:`AtSeq` that reads neither
-    is the same as the one built for this length, and then serves every length."""
-    at = _at_seq(ctx, stage, targets)
-    if len(plan.by_seq) == 1 and _SEQ_FREE not in plan.derived:
-        plan.derived[_SEQ_FREE] = at if _reads_no_size(ctx, stage, targets, at) else None
-    if len(plan.by_seq) >= MEMO_LIMIT:
-        plan.by_seq.clear()
-    plan.by_seq[ctx.workload.seq] = at
-    return at
-
-
-def _reads_no_size(ctx: TrainingContext, stage: StageView, targets: frozenset[str], at: AtSeq) -> bool:
-    from vramlens.estimator.size_symbols import sized_context, symbols
-
-    try:
-        made = _at_seq(sized_context(ctx, *symbols(3)), stage, targets, memoized=False)
-        return (made.acts, made.working, _loss_key(made.loss)) == (at.acts, at.working, _loss_key(at.loss))
-    except Exception:  # a size read (SizeDependent), or compared (a symbol left in the result)
-        return False
-
-
-def _loss_key(loss: LossPlan | None) -> object:
-    """``loss`` comparable (its ``logits_memory`` partial by its arguments)."""
-    if loss is None or loss.logits is None:
-        return loss
-    return loss.note, loss.head, loss.cast_bytes, loss.logits.args, loss.logits.keywords
-
-
 def _stage_plan(ctx: TrainingContext, stage: StageView, targets: frozenset[str]) -> StagePlan:
     """Build the :class:`StagePlan` (and the :class:`AtSeq` of ``ctx``'s sequence length, in the
     order the quantities were always computed: weights, activations, loss, transients)."""
     parallel = ctx.workload.parallel
     weights = record_effect(stage, lambda scratch: _weights_and_state(ctx, scratch))
-    at = _at_seq(ctx, stage, targets)
+    at = build_at_seq(ctx, stage=stage, targets=targets)
     transients = record_effect(stage, lambda scratch: _static_transients(ctx, scratch))
     rotary = rotary_per_token(ctx) if stage.first else 0
     # Final norm (sequence-parallel under TP) and the head's input, which a column-parallel
@@ -342,59 +279,23 @@ def stage_plan(ctx: TrainingContext, stage: StageView, targets: frozenset[str]) 
     return memo(ctx.spec, key, lambda: _stage_plan(ctx, stage, targets))
 
 
-def _activations(mem: StageMemory, plan: StagePlan, acts: LayerActivations, tokens: int) -> None:
-    """Saved activations of this stage's layers for the micro-batches in flight, plus the recomputed layer."""
-    stage, in_flight = mem.stage, plan.in_flight
-    mem.add(
-        "activations (saved for backward)",
-        Category.ACTIVATIONS,
-        acts.saved_per_token * tokens * in_flight,
-        lambda: (
-            f"{acts.saved_per_token:,.0f} B/token x {tokens:,} tokens x {in_flight:g} micro-batch(es) in flight ({stage.layers} layers)"
-        ),
-        into="activations_bytes",
-        alive="from each layer's forward to its backward",
-    )
-    mem.recompute_bytes = int(acts.transient_per_token * tokens)
-    mem.formulas["recompute_bytes"] = lambda: f"{acts.transient_per_token:,.0f} B/token x {tokens:,} tokens"
-    mem.masks_bytes_per_token = acts.masks_per_token
-    mem.mixer_backward_bytes_per_token = acts.mixer_backward_per_token
-    mem.add(
-        "inputs (ids, labels)",
-        Category.INPUTS,
-        16 * tokens,
-        lambda: f"{tokens:,} tokens x 2 int64",
-        into="inputs_bytes",
-        alive=WHOLE_STEP,
-    )
-    outside = plan.outside_per_token
-    mem.add(
-        "activations outside the layers (final norm, head input, rotary tables)",
-        Category.ACTIVATIONS,
-        outside * tokens,
-        lambda: f"{outside:,.0f} B/token",
-        into="non_layer_bytes",
-        alive="from the forward to the end of backward",
-    )
-    mem.notes.extend(acts.notes)
-    mem.notes.extend(plan.notes)
-
-
 def stage_memory(
-    ctx: TrainingContext, stage: StageView, targets: frozenset[str], plan: StagePlan | None = None
+    ctx: TrainingContext,
+    stage: StageView,
+    targets: frozenset[str],
+    plan: StagePlan | None = None,
+    *,
+    terms: bool = True,
 ) -> StageMemory:
-    """Every quantity of one pipeline stage. The parts that read neither batch nor sequence length
-    are memoized on the model (:class:`~vramlens.estimator.memo_keys.SizeFreeInputs`), those that read
-    the sequence length but not the batch by sequence length (:func:`stage_plan`, or ``plan`` when the
-    caller holds it); what is left is per-token amounts times the tokens."""
+    """Every quantity of one pipeline stage: :func:`stage_plan` (or ``plan``) holds what reads no
+    size, and per sequence length the per-token amounts, times the tokens here
+    (:func:`~vramlens.estimator.stage_plan.sized_amounts`). ``terms=False``: the quantities alone,
+    no term, formula or note (:meth:`~vramlens.estimator.stage_plan.StagePlan.numbers`)."""
     plan = plan or stage_plan(ctx, stage, targets)
-    at = plan.by_seq.get(ctx.workload.seq) or cast("AtSeq | None", plan.derived.get(_SEQ_FREE))
-    if at is None:
-        at = _new_at_seq(ctx, stage, targets, plan)
+    at = at_seq(ctx, stage, targets, plan)
+    amounts = sized_amounts(ctx, plan, at)
+    if not terms:
+        return plan.numbers(amounts)
     mem = plan.memory()
-    _activations(mem, plan, at.acts, ctx.tokens)
-    if at.loss is not None:
-        at.loss.fill(ctx, mem)
-    plan.finish(mem)
-    working_sets(ctx, mem, at.working[plan.whole_layer and mem.recompute_bytes > 0])
+    fill_terms(ctx, mem, plan, at, amounts)
     return mem

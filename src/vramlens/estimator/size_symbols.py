@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Sequence
-from typing import NoReturn
+from collections.abc import Callable, Sequence
+from typing import NoReturn, TypeVar
 
 from vramlens.resolve.context import TrainingContext
 
-__all__ = ["UNAVAILABLE", "Linear", "SizeDependent", "sized_context", "symbols"]
+T = TypeVar("T")
+
+__all__ = ["UNAVAILABLE", "Linear", "SizeDependent", "reads_no_size", "sized_context", "symbols"]
 
 
 class SizeDependent(Exception):
@@ -137,3 +139,15 @@ def sized_context(ctx: TrainingContext, tokens: object, batch: object, seq: obje
     object.__setattr__(workload, "batch", batch)
     object.__setattr__(workload, "seq", seq)
     return dataclasses.replace(ctx, workload=workload, tokens=tokens)  # type: ignore[arg-type]
+
+
+def reads_no_size(
+    build: Callable[[TrainingContext], T], ctx: TrainingContext, made: T, key: Callable[[T], object]
+) -> bool:
+    """Whether ``build(ctx)`` reads neither the tokens nor the batch nor the sequence length: built
+    once more with symbols for them (:func:`sized_context`), it runs and gives ``made`` (compared by
+    ``key``; a symbol left in the result refuses the comparison)."""
+    try:
+        return key(build(sized_context(ctx, *symbols(3)))) == key(made)
+    except Exception:  # a size read (SizeDependent), or a TypeError from code given a symbol
+        return False

@@ -14,7 +14,7 @@ from typing import cast
 from vramlens.categories import Category
 from vramlens.estimator.qlora import prepare_cast_bytes
 from vramlens.estimator.runtime import CUBLAS_FORMULA, CUBLAS_WORKSPACE_BYTES
-from vramlens.estimator.stage_memory import SIZED_QUANTITIES, Formula, StageMemory, Summed
+from vramlens.estimator.stage_memory import Formula, StageMemory, Summed
 from vramlens.resolve.context import TrainingContext
 from vramlens.result.report import PhaseMemory, Term
 from vramlens.workload.options import Shard
@@ -27,13 +27,13 @@ _C = Category
 #: An instant's own amount, its Term made only if the instant is reported: (name, category, bytes, formula).
 _Own = tuple[str, Category, int, Formula]
 #: ``StageMemory.derived`` keys (size-free records, shared by the estimates of one stage plan).
-_BASE, _SUMS, _OPTIMIZER = "phases: base", "phases: size-free sums", "phases: optimizer step"
+_BASE, _OPTIMIZER = "phases: base", "phases: optimizer step"
 
 
 class _Instant:
     """The terms alive at one instant of a step: whole quantities (their terms) and the
-    instant's own amounts, named with their formula. Its total is kept as they are added; its
-    breakdown comes from the quantities' sums; its terms are made only if read (:meth:`phase`)."""
+    instant's own amounts, named with their formula. Its total is kept as they are added (to pick
+    the highest instant); its terms are made for a phase (:meth:`phase`)."""
 
     __slots__ = ("alive", "mem", "pieces", "total_bytes")
 
@@ -82,47 +82,9 @@ class _Instant:
                 found.append(Term(name=name, category=category, bytes=value, explain=formula, alive=alive))
         return found
 
-    def breakdown(self) -> dict[Category, int]:
-        """Bytes by category (none 0), in the order the categories first appear in :meth:`terms`;
-        they add up to the instant's total."""
-        mem = self.mem
-        known = cast("dict[str, tuple[tuple[Category, int], ...]] | None", mem.derived.get(_SUMS))
-        if known is None:
-            known = {}
-            mem.derived[_SUMS] = known
-        found: dict[Category, int] = {}
-        for piece in self.pieces:
-            if isinstance(piece, tuple):
-                found[piece[1]] = found.get(piece[1], 0) + piece[2]
-                continue
-            if isinstance(piece, list):
-                sums = _CUBLAS_SUMS if piece is _CUBLAS else _sums(piece)
-            else:
-                found_sums = known.get(piece)
-                if found_sums is None:
-                    found_sums = _sums(mem.parts[piece])
-                    if piece not in SIZED_QUANTITIES:
-                        known[piece] = found_sums
-                sums = found_sums
-            for category, amount in sums:
-                found[category] = found.get(category, 0) + amount
-        return {category: value for category, value in found.items() if value}
-
     def phase(self, name: str, note: str) -> PhaseMemory:
-        """This instant as the phase ``name`` (its terms and breakdown made when first read)."""
-        if not self.pieces:
-            return PhaseMemory.of_terms(name, note, [])
-        return PhaseMemory.terms_later(
-            name=name, allocated_bytes=self.total_bytes, note=note, breakdown=self.breakdown, terms=self.terms
-        )
-
-
-def _sums(terms: list[Term]) -> tuple[tuple[Category, int], ...]:
-    """Bytes of ``terms`` by category, in the order the categories first appear."""
-    found: dict[Category, int] = {}
-    for term in terms:
-        found[term.category] = found.get(term.category, 0) + term.bytes
-    return tuple(found.items())
+        """This instant as the phase ``name``."""
+        return PhaseMemory.of_terms(name, note, self.terms())
 
 
 #: The cuBLAS workspace's term (the same at every instant).
@@ -135,9 +97,6 @@ _CUBLAS = [
         alive="from the first matmul on",
     )
 ]
-
-
-_CUBLAS_SUMS = ((_C.OTHER, CUBLAS_WORKSPACE_BYTES),)
 
 
 def _base(mem: StageMemory, alive: str) -> _Instant:

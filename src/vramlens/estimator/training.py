@@ -18,6 +18,7 @@ and freed as soon as it exists. The reserved level adds the caching allocator's 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from vramlens.categories import Category
@@ -27,7 +28,7 @@ from vramlens.estimator.memo_keys import SizeFreeInputs
 from vramlens.estimator.quantities import StageMemory, stage_memory, stage_plan
 from vramlens.estimator.reserved import TrainingSlack, allocator_settings, layer_churn, training_slack
 from vramlens.estimator.runtime import communicators, runtime_parts, runtime_terms
-from vramlens.estimator.stage_memory import StagePlan
+from vramlens.estimator.stage_plan import StagePlan
 from vramlens.estimator.step_phases import training_phases
 from vramlens.estimator.vision import vision_notes
 from vramlens.hardware import GpuSpec
@@ -40,59 +41,63 @@ from vramlens.workload.options import Shard
 from vramlens.workload.spec import Parallelism, Workload
 from vramlens.workload.versions import older_than, rule_note
 
-__all__ = ["estimate_training"]
+__all__ = ["Levels", "estimate_training", "levels", "reference_estimate"]
 
 _C = Category
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class _Levels:
+class Levels:
+    """The levels above an allocated peak: the allocator slack, the memory outside the allocator,
+    the reserved and device peaks and each level's safe figure."""
+
+    slack: TrainingSlack
+    runtime: _Runtime
     reserved: int
     device: int
-    runtime: dict[str, int]
     safe: SafeLevels
-    note: str
-    allocator_terms: tuple[Term, ...]
-    runtime_terms: tuple[Term, ...]
 
 
-def _levels(
-    ctx: TrainingContext, mem: StageMemory, peak: PhaseMemory, targets: frozenset[str], plan: _Plan | None
-) -> _Levels:
-    """Reserved (allocator slack), device (runtime parts) and the safe figures above the allocated peak."""
+def levels(
+    ctx: TrainingContext,
+    mem: StageMemory,
+    allocated: int,
+    breakdown: Mapping[Category, int],
+    targets: frozenset[str],
+    plan: _Plan | None,
+) -> Levels:
+    """Reserved (allocator slack), device (runtime parts) and the safe figures above the allocated
+    peak ``allocated`` (``breakdown``: its bytes by category)."""
     workload = ctx.workload
     slack = training_slack(ctx, mem, targets, allocator_settings(workload.alloc_conf))
-    eager = older_than(workload.versions, "lazy_module_loading")
     outside = plan.runtime if plan is not None else None
     if outside is None or outside.paged_bytes != mem.paged_states_bytes:
+        eager = older_than(workload.versions, "lazy_module_loading")
         key = RuntimeInputs(parallel=workload.parallel, paged_bytes=mem.paged_states_bytes, eager_modules=eager)
         outside = memo(ctx.spec, key, lambda: _runtime(key))
         if plan is not None:
             plan.runtime = outside
-    runtime = dict(outside.parts)
-    reserved = peak.allocated_bytes + slack.total_bytes
+    reserved = allocated + slack.total_bytes
     device = reserved + outside.total_bytes
     safe = safe_levels(
-        allocated=peak.allocated_bytes,
+        allocated=allocated,
         reserved=reserved,
         device=device,
-        breakdown=peak.breakdown,
+        breakdown=breakdown,
         allocator_spread=slack.spread_bytes,
         runtime_spread=outside.spread_bytes,
         sharded=workload.parallel.shard in (Shard.FSDP, Shard.HSDP, Shard.ZERO3),
     )
+    return Levels(slack=slack, runtime=outside, reserved=reserved, device=device, safe=safe)
+
+
+def _reserved_notes(ctx: TrainingContext, slack: TrainingSlack) -> str:
+    """The report's line on the reserved level (and the runtime's version rule)."""
+    workload = ctx.workload
     note = _reserved_note(slack, workload.alloc_conf, sharded=workload.parallel.shard is not Shard.NONE)
-    if eager:
+    if older_than(workload.versions, "lazy_module_loading"):
         note += f"; {rule_note(workload.versions, 'lazy_module_loading')}"
-    return _Levels(
-        reserved=reserved,
-        device=device,
-        runtime=runtime,
-        safe=safe,
-        note=note,
-        allocator_terms=_slack_terms(slack, mem, workload.alloc_conf),
-        runtime_terms=outside.terms,
-    )
+    return note
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -209,6 +214,9 @@ class _Plan:
     layout: ParamLayout
     stages: list[StagePlan | None]
     runtime: _Runtime | None = None
+    fast: object = None
+    """The plan's :class:`~vramlens.estimator.fast_estimate.FastEstimate` once made (see
+    :func:`estimate_training`)."""
 
 
 def _plan(spec: ModelSpec, workload: Workload) -> tuple[TrainingContext, _Plan]:
@@ -245,11 +253,40 @@ def _stage_memories(ctx: TrainingContext, plan: _Plan | None) -> tuple[ParamLayo
 
 def estimate_training(spec: ModelSpec, workload: Workload, *, gpu: GpuSpec | None = None) -> MemoryReport:
     """Per-GPU memory of one training step of ``workload`` on ``spec`` (busiest rank),
-    checked against ``gpu`` when one is given."""
+    checked against ``gpu`` when one is given.
+
+    From the third workload with the same size-free keys on, the figures come from the stage
+    plans' quantities and a trace of the phases (:mod:`vramlens.estimator.fast_estimate`), and the
+    terms, formulas and notes are made when first read, by :func:`reference_estimate` (and checked
+    to give the same figures)."""
     if spec.generic is not None:
-        ctx, plan = resolve_training(spec, workload), None
-    else:
-        ctx, plan = _plan(spec, workload)
+        return reference_estimate(resolve_training(spec, workload), None, gpu)[0]
+    ctx, plan = _plan(spec, workload)
+    fast = plan.fast
+    if fast is not None and fast is not _SEEN and fast is not _NONE:
+        report = fast.estimate(ctx, plan, gpu)  # type: ignore[attr-defined]
+        if report is not None:
+            return report  # type: ignore[no-any-return]
+    report, memories = reference_estimate(ctx, plan, gpu)
+    if fast is None:
+        plan.fast = _SEEN
+    elif fast is _SEEN:
+        from vramlens.estimator.fast_estimate import FastEstimate
+
+        plan.fast = FastEstimate.of(ctx, memories) or _NONE
+    elif fast is not _NONE:
+        fast.learn(ctx, memories)  # type: ignore[attr-defined]
+    return report
+
+
+#: ``_Plan.fast`` before its fast estimate exists: not seen yet is None; seen once; none can be made.
+_SEEN, _NONE = object(), object()
+
+
+def reference_estimate(
+    ctx: TrainingContext, plan: _Plan | None, gpu: GpuSpec | None
+) -> tuple[MemoryReport, list[StageMemory]]:
+    """The estimate made term by term (and each stage's quantities)."""
     layout, memories = _stage_memories(ctx, plan)
     best: tuple[int, StageMemory, list[PhaseMemory]] | None = None
     for mem in memories:
@@ -260,25 +297,26 @@ def estimate_training(spec: ModelSpec, workload: Workload, *, gpu: GpuSpec | Non
     assert best is not None
     allocated, mem, phases = best
     peak = max(phases, key=lambda phase: phase.allocated_bytes)
-    levels = _levels(ctx, mem, peak, layout.targets, plan)
-    notes = [*ctx.assumptions, *vision_notes(ctx), *dict.fromkeys(mem.notes), levels.note]
+    found = levels(ctx, mem, peak.allocated_bytes, peak.breakdown, layout.targets, plan)
+    notes = [*ctx.assumptions, *vision_notes(ctx), *dict.fromkeys(mem.notes), _reserved_notes(ctx, found.slack)]
     if len(layout.stages) > 1:
         notes.append(f"pipeline parallel: reporting the {mem.stage.name}, the busier of the first and last stages")
-    return MemoryReport(
+    report = MemoryReport(
         engine="estimate",
-        model=spec.name,
-        workload=workload,
+        model=ctx.spec.name,
+        workload=ctx.workload,
         phases=tuple(phases),
         peak_phase=peak.name,
         allocated_bytes=allocated,
-        reserved_bytes=levels.reserved,
-        device_bytes=levels.device,
-        runtime=levels.runtime,
-        safe=levels.safe,
+        reserved_bytes=found.reserved,
+        device_bytes=found.device,
+        runtime=dict(found.runtime.parts),
+        safe=found.safe,
         terms=tuple(mem.terms),
-        allocator_terms=levels.allocator_terms,
-        runtime_terms=levels.runtime_terms,
+        allocator_terms=_slack_terms(found.slack, mem, ctx.workload.alloc_conf),
+        runtime_terms=found.runtime.terms,
         assumptions=tuple(notes),
         gpu=gpu.name if gpu else None,
         capacity_bytes=gpu.memory_bytes if gpu else None,
     )
+    return report, memories

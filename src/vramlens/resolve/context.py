@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from dataclasses import fields as dataclass_fields
 from operator import attrgetter
-from typing import Any
 
 from vramlens.errors import InputError
 from vramlens.model.quant_formats import qlora_bases
@@ -288,18 +287,18 @@ def resize_training(ctx: TrainingContext, workload: Workload) -> TrainingContext
     ``ctx``, so the first that fails is the one :func:`resolve_training` would report)."""
     _check_context(ctx.spec, workload)
     _check_cp(workload)
-    fields = _fields(ctx)
-    fields["workload"] = workload
-    fields["tokens"] = workload.batch * workload.seq // workload.parallel.cp
-    return TrainingContext(**fields)
+    resized = object.__new__(TrainingContext)  # the frozen dataclass's fields set as its __init__ would
+    for slot, value in zip(_SLOTS, _field_values(ctx), strict=True):
+        slot.__set__(resized, value)
+    _WORKLOAD.__set__(resized, workload)
+    _TOKENS.__set__(resized, workload.batch * workload.seq // workload.parallel.cp)
+    return resized
 
 
 _FIELD_NAMES = tuple(f.name for f in dataclass_fields(TrainingContext))
 _field_values = attrgetter(*_FIELD_NAMES)
-
-
-def _fields(ctx: TrainingContext) -> dict[str, Any]:
-    return dict(zip(_FIELD_NAMES, _field_values(ctx), strict=True))
+_SLOTS = tuple(TrainingContext.__dict__[name] for name in _FIELD_NAMES)
+_WORKLOAD, _TOKENS = TrainingContext.__dict__["workload"], TrainingContext.__dict__["tokens"]
 
 
 def resolve_training(spec: ModelSpec, workload: Workload) -> TrainingContext:

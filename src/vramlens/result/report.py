@@ -94,32 +94,6 @@ class PhaseMemory:
         clean = {category: value for category, value in breakdown.items() if value}
         return cls(name=name, allocated_bytes=total, breakdown=clean, note=note, terms=tuple(kept))
 
-    @classmethod
-    def terms_later(
-        cls,
-        *,
-        name: str,
-        allocated_bytes: int,
-        note: str,
-        breakdown: Callable[[], Mapping[Category, int]],
-        terms: Callable[[], list[Term]],
-    ) -> PhaseMemory:
-        """The phase whose high point is the terms ``terms()`` makes, ``breakdown()`` their bytes by
-        category (none 0): both made when first read (an estimate's caller rarely reads them).
-        ``allocated_bytes`` is their sum (checked when they are made; none is 0)."""
-        phase = object.__new__(_TermsLater)
-        object.__setattr__(phase, "name", name)
-        object.__setattr__(phase, "allocated_bytes", allocated_bytes)
-        object.__setattr__(phase, "note", note)
-        object.__setattr__(phase, "_make", terms)
-        object.__setattr__(phase, "_sums", breakdown)
-        return phase
-
-    @property
-    def has_terms(self) -> bool:
-        """Whether the phase lists its terms (estimates), without making them."""
-        return bool(self.terms)
-
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
@@ -127,59 +101,6 @@ class PhaseMemory:
             "breakdown": {c.value: b for c, b in self.breakdown.items() if b},
             "note": self.note,
         }
-
-
-_TERMS_SLOT = PhaseMemory.__dict__["terms"]
-
-
-_BREAKDOWN_SLOT = PhaseMemory.__dict__["breakdown"]
-
-
-class _TermsLater(PhaseMemory):
-    """A :class:`PhaseMemory` whose terms and breakdown are made when first read
-    (:meth:`PhaseMemory.terms_later`); otherwise the same frozen dataclass (its fields, equality,
-    ``replace``)."""
-
-    __slots__ = ("_make", "_sums")
-
-    @property
-    def terms(self) -> tuple[Term, ...]:
-        make = getattr(self, "_make", None)
-        if make is not None:
-            made = tuple(make())
-            kept = tuple(term for term in made if term.bytes)
-            if len(kept) != len(made) or terms_bytes(kept) != self.allocated_bytes:
-                raise ValueError(f"phase {self.name}: terms add up to {terms_bytes(kept)}, not {self.allocated_bytes}")
-            _TERMS_SLOT.__set__(self, kept)
-            object.__setattr__(self, "_make", None)
-        return _TERMS_SLOT.__get__(self, PhaseMemory)  # type: ignore[no-any-return]
-
-    @terms.setter
-    def terms(self, value: tuple[Term, ...]) -> None:  # what a dataclass __init__ sets (replace)
-        _TERMS_SLOT.__set__(self, value)
-        object.__setattr__(self, "_make", None)
-
-    @property
-    def breakdown(self) -> Mapping[Category, int]:
-        sums = getattr(self, "_sums", None)
-        if sums is not None:
-            made = sums()
-            if sum(made.values()) != self.allocated_bytes:
-                raise ValueError(
-                    f"phase {self.name}: breakdown adds up to {sum(made.values())}, not {self.allocated_bytes}"
-                )
-            _BREAKDOWN_SLOT.__set__(self, made)
-            object.__setattr__(self, "_sums", None)
-        return _BREAKDOWN_SLOT.__get__(self, PhaseMemory)  # type: ignore[no-any-return]
-
-    @breakdown.setter
-    def breakdown(self, value: Mapping[Category, int]) -> None:
-        _BREAKDOWN_SLOT.__set__(self, value)
-        object.__setattr__(self, "_sums", None)
-
-    @property
-    def has_terms(self) -> bool:
-        return getattr(self, "_make", None) is not None or bool(self.terms)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -320,13 +241,22 @@ class MemoryReport:
         if self.peak_phase not in names:
             raise ValueError(f"peak_phase {self.peak_phase!r} is not one of the phases {names}")
         peak = self.peak
-        if peak.has_terms:
+        if peak.terms:
             found = peak.allocated_bytes  # its terms add up to it (PhaseMemory checks that)
             levels = ((self.allocated_bytes, ()), (self.reserved_bytes, self.allocator_terms))
             for level, (figure, added) in zip(LEVELS, (*levels, (self.device_bytes, self.runtime_terms)), strict=True):
                 found += terms_bytes(added)
                 if found != figure:
                     raise ValueError(f"{level} terms add up to {found}, not the {level} peak {figure}")
+
+    @classmethod
+    def presented_later(cls, present: Callable[[], MemoryReport], **fields: Any) -> MemoryReport:
+        """A report of ``fields`` whose terms, allocator terms and assumptions are made when first
+        read: those of ``present()``, a report of the same figures made term by term
+        (:mod:`vramlens.result.presented`, which checks them)."""
+        from vramlens.result.presented import presented_later
+
+        return presented_later(present, fields)
 
     def level_bytes(self, level: str) -> int:
         """The peak at ``level`` (one of :data:`LEVELS`)."""
