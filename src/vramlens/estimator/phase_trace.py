@@ -19,7 +19,7 @@ import copy
 import dataclasses
 import operator
 from collections.abc import Callable
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import NoReturn
 
 from vramlens.categories import Category
@@ -161,17 +161,27 @@ def _term(bytes_: Traced, category: Category | None) -> Term:
 class PhaseTrace:
     """The phases of one stage plan as forms over its sized quantities (see the module docstring)."""
 
-    __slots__ = ("derived", "forms", "many", "phases", "read", "single")
+    __slots__ = ("derived", "forms", "many", "nonzero", "phases", "read", "single", "zero")
 
     def __init__(self, recorder: _Recorder, phases: list[tuple[str, str, Form, tuple[tuple[Category, Form], ...]]]):
         self.read = attrgetter(*_SCALARS, *(f"logits.{name}" for name in _LOGITS))
         self.derived = tuple(recorder.derived)
-        guards = [(terms, constant, _CHECKS[held]) for (terms, constant), held in recorder.guards]
-        self.single = tuple((t[0][0], t[0][1], c, check) for t, c, check in guards if len(t) == 1)
-        """Guards on one input: (index, coefficient, constant, check)."""
-        self.many = tuple(guard for guard in guards if len(guard[0]) != 1)
-        self.phases = tuple((name, note, allocated) for name, note, allocated, _ in phases)
-        self.forms = tuple(forms for _, _, _, forms in phases)
+        guards = [(terms, constant, held) for (terms, constant), held in recorder.guards]
+        plain = [(t[0][0], c, held) for t, c, held in guards if len(t) == 1 and t[0][1] == 1 and c == 0]
+        self.nonzero = tuple(index for index, _, held in plain if held == "ne")
+        """Inputs that must not be 0 (most guards: a quantity is there)."""
+        self.zero = tuple(index for index, _, held in plain if held == "eq")
+        self.single = tuple(
+            (t[0][0], t[0][1], c, _CHECKS[held])
+            for t, c, held in guards
+            if len(t) == 1 and not (t[0][1] == 1 and c == 0 and held in ("ne", "eq"))
+        )
+        """The other guards on one input: (index, coefficient, constant, check)."""
+        self.many = tuple((_evaluator(terms, c), _CHECKS[held]) for terms, c, held in guards if len(terms) != 1)
+        self.phases = tuple((name, note, _evaluator(*allocated)) for name, note, allocated, _ in phases)
+        self.forms = tuple(
+            tuple((category, _evaluator(*form)) for category, form in forms) for _, _, _, forms in phases
+        )
         """Each phase's breakdown: (category, form) in the order the categories first appear."""
 
     def phases_of(self, mem: StageMemory) -> tuple[list[int | float], list[tuple[str, str, int]]] | None:
@@ -180,20 +190,33 @@ class PhaseTrace:
         values: list[int | float] = list(self.read(mem) if mem.logits is not None else self._no_logits(mem))
         for (terms, constant), divisor in self.derived:
             values.append(int(_value(terms, constant, values)) // divisor)
+        if not all(map(values.__getitem__, self.nonzero)) or any(map(values.__getitem__, self.zero)):
+            return None
         for index, coefficient, constant, check in self.single:
             if not check(coefficient * values[index] + constant, 0):
                 return None
-        for terms, constant, check in self.many:
-            if not check(_value(terms, constant, values), 0):
+        for value, check in self.many:
+            if not check(value(values), 0):
                 return None
-        return values, [(name, note, _value(*allocated, values)) for name, note, allocated in self.phases]  # type: ignore[misc]
+        return values, [(name, note, allocated(values)) for name, note, allocated in self.phases]
 
     def breakdown(self, phase: int, values: list[int | float]) -> dict[Category, int]:
         """Phase ``phase``'s bytes by category, for the ``values`` of :meth:`phases_of`."""
-        return {category: _value(terms, constant, values) for category, (terms, constant) in self.forms[phase]}  # type: ignore[misc]
+        return {category: value(values) for category, value in self.forms[phase]}
 
     def _no_logits(self, mem: StageMemory) -> tuple[int | float, ...]:
         return (*[getattr(mem, name) for name in _SCALARS], 0, 0, 0, 0)
+
+
+def _evaluator(terms: tuple[tuple[int, int], ...], constant: int) -> Callable[[list[int | float]], int]:
+    """``values -> sum(coefficient x values[index]) + constant`` (integers), made once per form."""
+    if not terms:
+        return lambda _: constant
+    if len(terms) == 1:
+        ((index, coefficient),) = terms
+        return lambda values: coefficient * values[index] + constant  # type: ignore[return-value]
+    read, coefficients = itemgetter(*(index for index, _ in terms)), tuple(c for _, c in terms)
+    return lambda values: constant + sum(map(operator.mul, coefficients, read(values)))
 
 
 def _value(terms: tuple[tuple[int, int], ...], constant: int, values: list[int | float]) -> int | float:

@@ -42,6 +42,8 @@ _INPUTS = (
 )
 #: Slack results kept per template before they are dropped.
 RESULT_LIMIT = 1 << 16
+#: Templates whose results are kept (shared between plans with the same requests) before all are dropped.
+TEMPLATE_LIMIT = 256
 
 
 def sized_inputs(ctx: TrainingContext, mem: StageMemory) -> tuple[int | float, ...]:
@@ -237,7 +239,7 @@ def vocabulary_template(
         return None
     parts = runs(list(events))
     key = tuple((tuple((_shape(size), k, s) for size, k, s in stretch), bool(count)) for stretch, count in parts)
-    if len(shared) >= RESULT_LIMIT:
+    if len(shared) >= TEMPLATE_LIMIT:
         shared.clear()
     return VocabularyTemplate(parts, gradients, shared.setdefault((key, settings), {}))
 
