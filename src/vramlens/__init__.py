@@ -9,7 +9,7 @@ dtypes, categories); each other name below loads its module on first use (PEP 56
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 from typing import Any as _Any
 
-from vramlens import _lazy
+from vramlens import _dataclass_cache, _lazy
 from vramlens._version import __version__
 from vramlens.categories import Category
 from vramlens.dtypes import DType, bytes_for, canonical_dtype
@@ -22,6 +22,8 @@ from vramlens.errors import (
     VramlensError,
 )
 from vramlens.units import GB, GiB, format_bytes, format_count, parse_count, parse_size
+
+_dataclass_cache.install()  # the compiled methods of vramlens' dataclasses are kept between runs
 
 if _TYPE_CHECKING:
     from vramlens.estimator import estimate

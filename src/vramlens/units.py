@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import math
 import re
-from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from vramlens.errors import InputError
+
+if TYPE_CHECKING:
+    from decimal import Decimal
 
 __all__ = [
     "GB",
@@ -70,6 +72,10 @@ _ACCEPTED_SIZES: Final = (
 
 
 def _decimal(text: str, field: str, accepted: str) -> tuple[Decimal, str]:
+    """The number and unit of ``text`` (``decimal`` is imported here: parsing a human size is rare, and
+    a cold ``vramlens estimate`` need not load it)."""
+    from decimal import Decimal, InvalidOperation
+
     match = _NUMBER_RE.match(text)
     if match is None:
         raise InputError(f"{field}: cannot read {text!r} as a size; expected {accepted}")
@@ -78,6 +84,13 @@ def _decimal(text: str, field: str, accepted: str) -> tuple[Decimal, str]:
     except InvalidOperation:
         raise InputError(f"{field}: cannot read {text!r}; expected {accepted}") from None
     return number, match.group(2)
+
+
+def _nearest(number: Decimal) -> int:
+    """``number`` rounded to the nearest integer (ties to even)."""
+    from decimal import ROUND_HALF_EVEN
+
+    return int(number.to_integral_value(rounding=ROUND_HALF_EVEN))
 
 
 def parse_size(value: str | int, *, field: str = "size") -> int:
@@ -101,7 +114,7 @@ def parse_size(value: str | int, *, field: str = "size") -> int:
     if scale is None:
         hint = " (ambiguous: write GiB for 2**30 or GB for 10**9)" if unit.upper() in {"K", "M", "G", "T"} else ""
         raise InputError(f"{field}: unknown unit {unit!r} in {value!r}{hint}; expected {_ACCEPTED_SIZES}")
-    return int((number * scale).to_integral_value(rounding=ROUND_HALF_EVEN))
+    return _nearest(number * scale)
 
 
 def parse_count(value: str | int, *, field: str = "count") -> int:
@@ -121,7 +134,7 @@ def parse_count(value: str | int, *, field: str = "count") -> int:
     scale = COUNT_UNITS.get(unit.upper())
     if scale is None:
         raise InputError(f"{field}: unknown count suffix {unit!r} in {value!r}; expected {accepted}")
-    return int((number * scale).to_integral_value(rounding=ROUND_HALF_EVEN))
+    return _nearest(number * scale)
 
 
 def to_gib(num_bytes: int) -> float:

@@ -24,7 +24,17 @@ import pytest
 from vramlens.categories import Category
 from vramlens.errors import InputError
 from vramlens.estimator import estimate
-from vramlens.estimator.fsdp import Units, casts_outputs, resolved_wrap, root_unsharded, split_unsharded, units
+from vramlens.estimator.fsdp import (
+    Units,
+    casts_outputs,
+    fsdp2_root_kept,
+    fsdp2_root_unsharded,
+    resolved_wrap,
+    root_unsharded,
+    split_unsharded,
+    units,
+    uses_fsdp2,
+)
 from vramlens.estimator.layout import StageView, param_layout
 from vramlens.model.resolve import load_model
 from vramlens.resolve.context import TrainingContext, resolve_training
@@ -125,6 +135,48 @@ def test_root_wrapping_keeps_the_old_formula() -> None:
     found = root_unsharded(ctx, stage)
     assert found.loss == found.forward_layer == (2 * L + 2 * E) * 2 == 2_973_794_304
     assert found.backward_start == found.end == 2_973_794_304 + L * (2 + 2)
+
+
+def test_litgpt_lora_runs_fsdp2_with_the_root_kept_gathered() -> None:
+    # litgpt finetune/lora.py: fully_shard per Block and on the model (reshard_after_forward left to
+    # its default: the root unit, embedding + final norm + head, stays gathered until the end of
+    # backward); each Block reshards after its forward. LoRA rank 8 on q and v: adapters
+    # A = 8 x (2 x 4096 + 4096 + 1024) per layer; the frozen embedding and head have no gradients.
+    lora = {"method": "lora", "lora": {"rank": 8, "targets": ["q_proj", "v_proj"]}}
+    ctx, stage = _context(precision="bf16", framework="litgpt", **lora)
+    assert fsdp2_root_kept(ctx) and uses_fsdp2(ctx)
+    a = 8 * (2 * 4096 + 4096 + 1024)
+    layer, adapters, root = 2 * (L + a), 2 * a, 2 * (E + T)
+    found = fsdp2_root_unsharded(units(ctx, stage), loss_in_model=False)
+    assert (found.forward_layer, found.loss, found.backward_start) == (root + 2 * layer, root, root)
+    assert found.first_layers == root + 2 * layer + 2 * adapters  # + the layer's gradients and reduce-scatter input
+    assert found.last_layer == root + layer + 2 * adapters  # nothing to prefetch: the root is gathered
+    assert found.end == root + adapters
+    # Its full fine-tune (finetune/full.py) is Lightning's FSDPStrategy, FSDP1: the root rule; torchtune's
+    # shard_model passes reshard_after_forward to the root too, which FSDP2 then honours.
+    assert not fsdp2_root_kept(_context(precision="bf16", framework="litgpt")[0])
+    assert not fsdp2_root_kept(_context(precision="bf16", framework="torchtune", **lora)[0])
+
+
+def test_fsdp2_root_instants_in_full_training() -> None:
+    # The head's gradient is made first in backward and stays unsharded until the root's post-backward;
+    # at the end the root's gradients beside their reduce-scatter input.
+    u = Units(
+        layer=10,
+        layer_grads=10,
+        layer_reduce=10,
+        embedding=100,
+        embedding_grads=100,
+        embedding_reduce=100,
+        tail=101,
+        tail_grads=101,
+        tail_reduce=101,
+        tied=False,
+    )
+    found = fsdp2_root_unsharded(u, loss_in_model=True)
+    assert (found.forward_layer, found.loss, found.backward_start) == (201 + 20, 201 + 10, 201 + 101)
+    assert (found.first_layers, found.last_layer) == (302 + 10 + 30, 302 + 30)
+    assert found.end == 302 + 100 + 201
 
 
 def test_which_wrapping_applies() -> None:

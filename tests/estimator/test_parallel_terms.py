@@ -99,8 +99,15 @@ def test_sharding_figures_spelled_out() -> None:
 @pytest.mark.parametrize("shard", ["zero1", "zero2", "zero3"])
 def test_deepspeed_fp32_gradient_partition_follows_the_state(shard: str) -> None:
     terms = {t.name: t.bytes for t in _report("deepspeed", shard=shard).terms}
-    # The optimizer steps on an fp32 copy of its partition of the gradients: 4N / 8.
-    assert terms["fp32 gradient partition (master-weight optimizer step)"] == 4 * N // 8
+    # The optimizer steps on an fp32 copy of its partition of the gradients: 4N / 8 (ZeRO-3: of its
+    # largest sub group, here the whole 1.0e9-element partition, beside its bf16 flattened copy).
+    if shard != "zero3":
+        assert terms["fp32 gradient partition (master-weight optimizer step)"] == 4 * N // 8
+        return
+    assert terms["fp32 gradients of the largest optimizer sub group (ZeRO-3)"] == 4 * (N // 8)
+    assert terms["the sub group's flattened gradients, cast to fp32 (ZeRO-3 _prepare_fp32_grad_for_sub_group)"] == 2 * (
+        N // 8
+    )
 
 
 def test_hsdp_shards_over_the_shard_group_only() -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import itertools
 import random
+import re
+from collections import Counter
 from collections.abc import Sequence
 
 import pytest
@@ -132,6 +134,48 @@ def test_step_ends_from_optimizer_steps_numbered_phases_recurrence_and_metadata(
     assert step_ends(recorded) == ((2, 4), "recorded step windows")
 
     assert step_ends(build([(10, ACT, 0, "forward", None, None)])) == ((), "no repeated steps")
+
+
+def _step_ends_by_spans(timeline: Timeline) -> tuple[tuple[int, ...], str]:
+    """step_ends' rules applied run by run to ``phase_spans()`` (the reference for the arrays)."""
+    spans = [span for span in timeline.phase_spans() if span[0]]
+    pattern = re.compile(r"^(?P<prefix>.*?\D)[#_\- ]?(?P<number>\d+)$")
+    matches = [(pattern.match(name), last) for name, _, last in spans]
+    prefixes = Counter(match.group("prefix") for match, _ in matches if match)
+    if prefixes:
+        prefix = prefixes.most_common(1)[0][0]
+        last_of: dict[int, int] = {}
+        for match, last in matches:
+            if match and match.group("prefix") == prefix:
+                last_of[int(match.group("number"))] = max(last_of.get(int(match.group("number")), -1), last)
+        if len(last_of) >= 2:
+            return tuple(sorted(last_of.values())), "numbered phases"
+    optimizer = tuple(last for name, _, last in spans if name == "optimizer_step")
+    if len(optimizer) >= 2:
+        return optimizer, "end of each optimizer_step"
+    working = [span for span in spans if span[0] != "load"]
+    starts = [begin for name, begin, _ in working if working and name == working[0][0]]
+    if len(starts) >= 2:
+        return (*(begin - 1 for begin in starts[1:]), len(timeline) - 1), f"each start of {working[0][0]}"
+    return (), "no repeated steps"
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_step_ends_on_arrays_follow_the_rules_run_by_run(seed: int) -> None:
+    """Random phase sequences (numbered names with ties between prefixes, optimizer steps,
+    loads, unnamed events, an empty name): the array version gives the run-by-run answer."""
+    rng = random.Random(seed)
+    vocabulary = rng.choice(
+        [
+            ["step_1", "step_2", "step#3", "iter 1", "iter 2", "load", None],
+            ["forward", "backward", "optimizer_step", "load", None, ""],
+            ["load", "prefill", "decode", None],
+            ["ProfilerStep#7", "ProfilerStep#12", "x9", "y9", "optimizer_step"],
+        ]
+    )
+    phases = [rng.choice(vocabulary) for _ in range(rng.randint(1, 60))]
+    timeline = build([(8, ACT, i, phase, None, None) for i, phase in enumerate(phases)])
+    assert step_ends(timeline) == _step_ends_by_spans(timeline)
 
 
 def test_find_leaks_flags_only_the_tensor_kept_every_step() -> None:

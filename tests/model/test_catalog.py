@@ -23,6 +23,31 @@ def test_names_aliases_and_ids_are_unambiguous() -> None:
             assert owners.setdefault(key, entry.name) == entry.name, f"{key} names {owners[key]} and {entry.name}"
 
 
+def test_each_file_is_named_after_its_entry() -> None:
+    """find_entry reads a catalog name from its own file: the file must be named after it."""
+    from vramlens._files import package_data
+
+    files = sorted(
+        item.name for item in package_data("vramlens.model.catalog").iterdir() if item.name.endswith(".json")
+    )
+    assert files == sorted(f"{entry.name}.json" for entry in ENTRIES)
+
+
+def test_a_catalog_name_is_found_without_reading_the_whole_catalog() -> None:
+    from vramlens.model import catalog
+
+    catalog._index.cache_clear()
+    catalog.catalog_entries.cache_clear()
+    try:
+        assert find_entry(" Llama-3.1-8B ") is catalog._read_entry("llama-3.1-8b.json")
+        assert catalog._index.cache_info().currsize == 0  # the other files were not read
+        assert find_entry("meta-llama/Llama-3.1-8B") is find_entry("llama-3.1-8b")  # an HF id: the whole index
+        assert find_entry("../catalog/llama-3.1-8b") is None
+    finally:
+        catalog._index.cache_clear()
+        catalog.catalog_entries.cache_clear()
+
+
 @pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.name)
 def test_entry_has_sources_and_a_verbatim_looking_config(entry: CatalogEntry) -> None:
     assert entry.config_source and entry.published_parameters_source

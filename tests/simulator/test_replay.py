@@ -253,3 +253,21 @@ def test_fsdp_runs_every_layer() -> None:
     # FSDP2 replays equal the executed run when simulated alone, not after other simulations
     # in the same process (fewer events): until that is understood, several GPUs run every layer.
     assert_replay_exact(_fields("llama", precision="bf16", parallel={"gpus": 2, "shard": "fsdp"}), replays=False)
+
+
+def test_attribute_keys_of_plain_values_and_empty_containers() -> None:
+    """The fast path of _value_key (exact plain types, empty containers) gives what its general
+    rules give: the values themselves, and a container's tag with no items."""
+    from collections import OrderedDict
+
+    from vramlens.simulator._layers import _value_key
+
+    class Count(int):
+        pass
+
+    assert [_value_key(v) for v in (None, True, 3, 2.5, "a", Count(4))] == [None, True, 3, 2.5, "a", 4]
+    assert _value_key({}) == _value_key(OrderedDict()) == ("map", ())
+    assert _value_key([]) == _value_key(()) == ("seq", ())
+    assert _value_key(set()) == _value_key(frozenset()) == ("set", ())
+    assert _value_key(OrderedDict(a=[1, {}])) == ("map", (("a", ("seq", (1, ("map", ())))),))
+    assert _value_key({1: len}) == ("map", ((None, ("call", "builtins", "len")),))

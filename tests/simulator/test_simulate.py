@@ -171,3 +171,20 @@ def test_a_spec_without_config_is_refused() -> None:
 def test_bad_steps_is_an_input_error() -> None:
     with pytest.raises(InputError, match=r"^steps: "):
         simulate({"model": model_from_config(dict(TINY["llama"])), "batch": 1, "seq": 32}, steps=0)
+
+
+def test_meta_models_are_built_without_running_the_initialisers() -> None:
+    """While a model is built on the meta device, torch.nn.init's initialisers hand their tensor
+    back as it is (simulator/build.py _no_meta_init); outside, they are torch's own again."""
+    import torch
+
+    from vramlens.simulator.build import _no_meta_init
+
+    original = torch.nn.init.kaiming_uniform_
+    weight = torch.empty(4, 4, device="meta")
+    with _no_meta_init(torch):
+        assert torch.nn.init.kaiming_uniform_(weight, a=5**0.5) is weight
+        assert torch.nn.init.kaiming_uniform_ is not original
+        layer = torch.nn.Linear(3, 5, device="meta")
+    assert torch.nn.init.kaiming_uniform_ is original
+    assert layer.weight.shape == (5, 3) and layer.bias is not None and layer.bias.shape == (5,)

@@ -14,6 +14,7 @@ from test_spec import CONTRACT, CONTRACT_VALUES, CONTRACT_YAML
 from vramlens.errors import InputError
 from vramlens.model import load_model
 from vramlens.workload import Shard, Workload, load_workload, read_workload_file, workload_to_dict
+from vramlens.workload.keys import CONTRACT_V1, keys_of
 
 MODEL = "llama-3.1-8b"
 
@@ -335,12 +336,13 @@ def test_workload_to_dict_round_trips_through_json(data: dict[str, Any]) -> None
 
 def test_normalized_dict_has_every_contract_key_with_its_default() -> None:
     normalized = workload_to_dict(load_workload({"model": MODEL}))
+    added = {key.name: None for key in keys_of("parallel") if key.since != CONTRACT_V1}  # vramlens' own, all null
     for key, value in CONTRACT.items():
         expected = None if key == "gpu" else value  # gpu is optional: no GPU, no fit check
-        assert normalized[key] == expected, key
+        assert normalized[key] == (expected | added if key == "parallel" else expected), key
     assert normalized["context"] is None and normalized["allow_long_context"] is False
     assert set(normalized["lora"]) == set(CONTRACT["lora"])
-    assert set(normalized["parallel"]) == set(CONTRACT["parallel"])
+    assert set(normalized["parallel"]) == set(CONTRACT["parallel"]) | set(added)
 
 
 def test_model_spec_is_reported_by_name() -> None:

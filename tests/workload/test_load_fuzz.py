@@ -198,6 +198,15 @@ def test_huge_ints_for_float_keys_are_input_errors(data: dict[str, Any]) -> None
         load_workload({"model": MODEL, **data})
 
 
+@pytest.mark.parametrize("value", [10**400, -(10**400), 2**1100])
+@pytest.mark.parametrize("key", ["batch", "seq", "grad_accum"])
+def test_ints_beyond_a_float_for_integer_keys_are_one_line_errors(key: str, value: int) -> None:
+    """An int too large for a float (``math.isfinite`` raises OverflowError on it) is a
+    one-line error naming the key, found by the fuzz above."""
+    with pytest.raises(InputError, match=rf"^{key}: must be an integer"):
+        load_workload({"model": MODEL, key: value})
+
+
 def test_float_keys_reject_nan() -> None:
     for data in ({"gpu_memory_utilization": math.nan}, {"lora": {"alpha": "nan"}}):
         with pytest.raises(InputError):

@@ -33,7 +33,9 @@ def _workload(key: str, value: Any) -> dict[str, Any]:
     data: dict[str, Any] = {"model": MODEL, **CONTEXTS.get(key, {})}
     if block:
         data[block] = {leaf: value}
-        if block == "parallel" and leaf != "gpus":
+        if block == "parallel" and (leaf in ("reduce_bucket_size", "sub_group_size") or leaf.startswith("stage3_")):
+            data["parallel"] |= {"gpus": 2, "shard": "zero3"}  # DeepSpeed ZeRO's sizes
+        elif block == "parallel" and leaf != "gpus":
             gpus = value if isinstance(value, int) and 1 <= value <= 2**20 else 1
             data["parallel"] |= {"gpus": gpus, "shard": "fsdp"}
     else:
@@ -51,7 +53,9 @@ def test_every_numeric_key_has_a_range() -> None:
     numeric = {"batch", "seq", "grad_accum", "recompute_every", "prompt", "generate", "context", "max_num_seqs",
                "block_size", "max_num_batched_tokens", "gpu_memory_utilization", "moe_capacity_factor"}  # fmt: skip
     expected = numeric | {f"lora.{k}" for k in ("rank", "alpha", "dropout")}
-    expected |= {f"parallel.{k}" for k in ("gpus", "tp", "pp", "cp", "ep", "shard_degree")}
+    expected |= {f"parallel.{k}" for k in ("gpus", "tp", "pp", "cp", "ep", "shard_degree", "reduce_bucket_size")}
+    expected |= {f"parallel.stage3_{k}" for k in ("prefetch_bucket_size", "max_live_parameters", "max_reuse_distance")}
+    expected |= {"parallel.stage3_param_persistence_threshold", "parallel.sub_group_size"}
     assert set(RANGES) == expected
     assert numeric <= set(TOP_KEYS) and {"rank", "alpha", "dropout"} <= set(LORA_KEYS) and "tp" in PARALLEL_KEYS
 

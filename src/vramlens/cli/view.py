@@ -67,7 +67,6 @@ def view_command(
     """Explain the memory of a recorded run: peak per level, categories, modules, phases, largest
     allocations, leaks and OOMs. FILES: vramlens .npz timelines, PyTorch memory snapshots, or
     torch profiler memory exports; several files are one run's ranks."""
-    from vramlens.forensics.diff import build_ranks
     from vramlens.forensics.sources import open_source
     from vramlens.forensics.view import build_view
 
@@ -79,21 +78,26 @@ def view_command(
         "leak_steps": leak_steps,
         "replay_allocator": not no_replay,
     }
-    from vramlens.report.view_text import print_renderable, ranks_renderable, view_renderable
-
+    # The terminal renderers (rich) and the ranks' comparison are imported only when used.
     if len(sources) == 1:
         view = build_view(sources[0], **options)
         if fmt == "json":
             click.echo(dumps(view.to_dict(), indent=2))
         else:
+            from vramlens.report.view_text import print_renderable, view_renderable
+
             print_renderable(
                 view_renderable(view, stack_lines=stack_lines, ascii_only=ascii_only, user_frames=user_frames)
             )
     else:
+        from vramlens.forensics.diff import build_ranks
+
         ranks = build_ranks(sources, **options)
         if fmt == "json":
             click.echo(dumps(ranks.to_dict(), indent=2))
         else:
+            from vramlens.report.view_text import print_renderable, ranks_renderable
+
             print_renderable(
                 ranks_renderable(ranks, stack_lines=stack_lines, ascii_only=ascii_only, user_frames=user_frames)
             )

@@ -19,15 +19,22 @@ the modeling code of transformers 5.x and checked with a tracked CPU training st
 
 The MLP's working set of the same layer is freed before attention runs (forward) or after it
 (backward), so callers take the larger of the two.
+
+:func:`eager_score_chain` writes the forward's score tensors one by one, in the order the code makes
+and frees them, for the allocator replay (:mod:`vramlens.estimator.step_pattern`): a recomputed
+layer's first forward runs without grad, so each is freed as soon as the next is made, and the
+probabilities stay alive to the end of the layer (``eager_attention_forward`` returns them as
+``attn_weights``, which the decoder layer holds until it returns).
 """
 
 from __future__ import annotations
 
+from vramlens.estimator.loss_pattern import Step
 from vramlens.estimator.saved_parts import FP32
 from vramlens.model.spec import ModelSpec
 from vramlens.resolve.styles import HfStyle
 
-__all__ = ["eager_transients"]
+__all__ = ["eager_score_chain", "eager_transients"]
 
 
 def eager_transients(
@@ -59,3 +66,46 @@ def eager_transients(
         peak, backward = masked + probabilities, 2 * a
     forward = peak - probabilities if kept else peak
     return forward * scores, backward * scores
+
+
+def eager_score_chain(
+    spec: ModelSpec,
+    style: HfStyle,
+    *,
+    compute_bytes: int,
+    autocast: bool,
+    seq: int,
+    tokens: int,
+    tp: int = 1,
+    grad: bool = False,
+) -> tuple[Step, ...]:
+    """Eager attention's score tensors of ``tokens`` queries, in code order (``("+", name, bytes)``
+    makes one, ``("-", name, 0)`` frees it; the probabilities, ``probs``, are left alive). Read from
+    transformers 5.x ``eager_attention_forward`` (Llama, Gemma 2, ...): ``matmul(q, k^T) * scaling``,
+    Gemma 2's soft-cap ``/ cap``, ``tanh``, ``* cap``, ``+ mask`` (each a new tensor, the previous
+    freed when the local is rebound), ``softmax(dtype=float32)`` (an fp32 up-cast of bf16 scores,
+    then the fp32 output, the up-cast freed), ``.to(q.dtype)``. The same dtypes as
+    :func:`eager_transients`, whose no-grad peak (masked scores, up-cast, fp32 output) the chain
+    reaches. With ``grad`` autograd keeps the tanh's and the softmax's outputs (left alive too).
+    Empty for gpt-oss's sinks (a chain of its own, not written here)."""
+    if spec.attn.sinks:
+        return ()
+    a = compute_bytes
+    n = spec.num_heads // tp * seq * tokens  # score elements
+    masked = FP32 if autocast else a
+    softmax = FP32 if style.eager_softmax_fp32 else masked
+    steps: list[Step] = [("+", "scores", a * n), ("+", "scaled", a * n), ("-", "scores", 0)]
+    last = "scaled"
+    if spec.attn.logit_softcap:
+        for name in ("divided", "tanh", "capped"):
+            steps += [("+", name, a * n)] + ([] if grad and last == "tanh" else [("-", last, 0)])
+            last = name
+    steps += [("+", "masked", masked * n), ("-", last, 0)]
+    output = "softmax" if softmax != a else "probs"  # .to(q.dtype) is a no-op when the dtypes agree
+    if softmax != masked:
+        steps += [("+", "upcast", softmax * n), ("+", output, softmax * n), ("-", "upcast", 0)]
+    else:
+        steps += [("+", output, softmax * n)]
+    if softmax != a:
+        steps += [("+", "probs", a * n)] + ([] if grad else [("-", "softmax", 0)])
+    return (*steps, ("-", "masked", 0))

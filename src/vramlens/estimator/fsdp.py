@@ -1,15 +1,16 @@
 """Unsharded parameters, FSDP's buffers and unsharded gradients at each instant of a step.
 
-With sharded parameters (``shard: fsdp | hsdp | zero3``, or ``offload: optimizer+params``)
-a rank all-gathers the units it computes and keeps buffers for overlap; which of them are
-alive depends on the instant, so :class:`Unsharded` holds one value per instant and
+With sharded parameters (``shard: fsdp | hsdp``, or ``offload: optimizer+params``; DeepSpeed
+ZeRO-3 gathers by its own coordinator's rules, :mod:`vramlens.estimator.zero3`) a rank
+all-gathers the units it computes and keeps buffers for overlap; which of them are alive
+depends on the instant, so :class:`Unsharded` holds one value per instant and
 :mod:`vramlens.estimator.training` reads the one of each phase. Two wrappings
 (``fsdp_wrap``, :class:`~vramlens.workload.options.FsdpWrap`):
 
 * ``root``: decoder layers are units; the embedding, final norm and head stay in the root,
   all-gathered from forward to backward. Counted as the root, two layers in flight and one
-  layer's unsharded gradients and reduce-scatter input, at every instant. Also DeepSpeed
-  ZeRO-3 and the frameworks that do not say otherwise.
+  layer's unsharded gradients and reduce-scatter input, at every instant. Also the frameworks
+  that do not say otherwise.
 * ``split``: the embedding, each layer, and the tail (final norm + head, + the embedding when
   tied) are units; only the tail stays gathered after forward (accelerate 1.15
   ``fsdp2_prepare_model``; torchtitan ``apply_fsdp`` since 83e694105, 2025-07-28). FSDP2 in
@@ -18,6 +19,8 @@ alive depends on the instant, so :class:`Unsharded` holds one value per instant 
   copy-out, and the root's ``_post_forward`` frees the last one; ``pre_backward`` prefetches
   the next unit's all-gather; ``post_backward`` keeps a unit's reduce-scatter input until the
   next unit's (``reduce_scatter_max_input_buffers = 1``).
+* ``root`` under FSDP2 (litgpt's LoRA, ``FrameworkProfile.fsdp2_lora``): the same mechanics, the root
+  unit kept gathered to the end of backward, each layer resharded after forward (:func:`fsdp2_root_unsharded`).
 
 A unit's bytes are its elements in the compute dtype (FSDP2 pads each rank's rows to
 ``ceil(dim0 / N)``: not counted). Checked against FSDP2 on fake ranks
@@ -39,11 +42,14 @@ __all__ = [
     "Units",
     "Unsharded",
     "casts_outputs",
+    "fsdp2_root_kept",
+    "fsdp2_root_unsharded",
     "fsdp_memory",
     "resolved_wrap",
     "root_unsharded",
     "split_unsharded",
     "units",
+    "uses_fsdp2",
 ]
 
 _PARAM_SHARDED = {Shard.ZERO3, Shard.FSDP, Shard.HSDP}
@@ -63,6 +69,8 @@ _WRAPS = {
     "(transformers 5 Trainer) and torchtitan since 2025-07-28; fsdp_wrap: root for FSDP1",
     FsdpWrap.ROOT: "embedding and head stay gathered in the root unit, as FSDP1",
 }
+
+_FSDP2_ROOT = "FSDP2 fully_shard per layer and on the root, kept gathered to the end of backward (litgpt's LoRA)"
 
 
 class AddTerm(Protocol):
@@ -211,9 +219,57 @@ def split_unsharded(u: Units, *, loss_in_model: bool) -> Unsharded:
     )
 
 
+def fsdp2_root_unsharded(u: Units, *, loss_in_model: bool) -> Unsharded:
+    """``root`` wrapping under FSDP2, the root left to ``fully_shard``'s default: ``fully_shard`` on
+    every decoder layer, then on the model (litgpt ``finetune/lora.py`` ``parallelize_fn``). With
+    ``reshard_after_forward`` not given, FSDP2 keeps the root unit ``R`` (embedding, final norm, head)
+    gathered after forward (``FSDPState._lazy_init``: ``post_forward_mesh_info = None``) until its
+    post-backward at the end of backward; each layer reshards after its forward. Instant by instant
+    (torch 2.13 ``_fsdp_param_group.py``, ``_fsdp_state.py``):
+
+    * a layer's forward: ``R``, the layer's parameters and its all-gather output (``wait_for_unshard``
+      keeps it until the next unit's copy-out);
+    * the loss: ``R``, plus the last layer's all-gather output when the loss runs before the root's
+      ``_post_forward`` (inside the model);
+    * backward start: ``R`` and the head's unsharded gradient (when it trains), which stays until the
+      root's post-backward;
+    * a layer's backward: its parameters, the next layer's all-gather prefetched
+      (``_backward_prefetch``), its unsharded gradients and the previous layer's reduce-scatter input;
+    * the first layer's backward: nothing to prefetch (the root is still gathered);
+    * the end: the root's unsharded gradients and its reduce-scatter input, or the first layer's.
+
+    Checked with two tracked CPU processes over gloo (tests/estimator/test_litgpt.py)."""
+    root = u.embedding + u.tail
+    kept = root + u.tail_grads
+    layer = u.layer + u.layer_grads + u.layer_reduce
+    return Unsharded(
+        forward_layer=root + 2 * u.layer,
+        loss=root + (u.layer if loss_in_model else 0),
+        backward_start=kept,
+        first_layers=kept + u.layer + layer,
+        last_layer=kept + layer,
+        end=kept + u.embedding_grads + max(u.layer_reduce, u.tail_reduce + u.embedding_reduce),
+    )
+
+
+def fsdp2_root_kept(ctx: TrainingContext) -> bool:
+    """The ``root`` wrapping runs as FSDP2 with the root kept gathered (:func:`fsdp2_root_unsharded`):
+    a LoRA run of a framework whose LoRA script shards so (``FrameworkProfile.fsdp2_lora``)."""
+    if ctx.workload.parallel.shard not in (Shard.FSDP, Shard.HSDP) or resolved_wrap(ctx) is not FsdpWrap.ROOT:
+        return False
+    return ctx.profile.fsdp2_lora and not ctx.full
+
+
+def uses_fsdp2(ctx: TrainingContext) -> bool:
+    """The framework shards with FSDP2 (``fully_shard``) whatever the wrapping (``FrameworkProfile.fsdp2``),
+    or does in this run (:func:`fsdp2_root_kept`)."""
+    return ctx.profile.fsdp2 or fsdp2_root_kept(ctx)
+
+
 def resolved_wrap(ctx: TrainingContext) -> FsdpWrap:
     """The wrapping that applies: the workload's ``fsdp_wrap``, else the framework's for FSDP
-    and HSDP; ``root`` for ZeRO-3 (DeepSpeed gathers by its own rules) and the rest."""
+    and HSDP; ``root`` for the rest (ZeRO-3's gathered parameters are not FSDP units:
+    :mod:`vramlens.estimator.zero3`)."""
     if ctx.workload.parallel.shard not in (Shard.FSDP, Shard.HSDP):
         return FsdpWrap.ROOT
     if ctx.workload.fsdp_wrap is not FsdpWrap.AUTO:
@@ -258,8 +314,27 @@ def fsdp_memory(ctx: TrainingContext, stage: StageView, add: AddTerm, notes: lis
         return Unsharded()
     wrap = resolved_wrap(ctx)
     if parallel.shard in (Shard.FSDP, Shard.HSDP) and ctx.workload.fsdp_wrap is FsdpWrap.AUTO:
-        notes.append(f"fsdp_wrap auto: {wrap} ({ctx.profile.name} default; {_WRAPS[wrap]})")
-    if wrap is FsdpWrap.ROOT:
+        how = _FSDP2_ROOT if fsdp2_root_kept(ctx) else _WRAPS[wrap]
+        notes.append(f"fsdp_wrap auto: {wrap} ({ctx.profile.name} default; {how})")
+    if fsdp2_root_kept(ctx):
+        u = units(ctx, stage)
+        found = fsdp2_root_unsharded(u, loss_in_model=ctx.profile.loss_in_model)
+        how = (
+            f"root wrapping under FSDP2: root unit {u.embedding + u.tail:,} B kept gathered, layer unit {u.layer:,} B, "
+            f"its gradients {u.layer_grads:,} B and reduce-scatter input {u.layer_reduce:,} B"
+        )
+        add(
+            "unsharded parameters (FSDP2: the root unit kept gathered; the layer and the next one's all-gather "
+            "inside a layer's backward)",
+            Category.TEMPORARY,
+            max(found.first_layers, found.forward_layer),
+            lambda: (
+                f"root unit {u.embedding + u.tail:,} B + 2 x {u.layer:,} B layer + {u.layer_grads + u.layer_reduce:,} B "
+                "gradients and reduce-scatter input"
+            ),
+            alive="inside a layer's forward or backward",
+        )
+    elif wrap is FsdpWrap.ROOT:
         found = root_unsharded(ctx, stage)
         how = f"root wrapping: (2 x {stage.layer_elements:,} + vocabulary matrices) x {ctx.compute_bytes} B" + (
             f"; in backward + one layer's gradients x ({ctx.compute_bytes} + {ctx.grad_bytes}) B" if ctx.full else ""

@@ -20,9 +20,9 @@ gradient partitions it steps on live in CPU memory too - they are not kept on th
 
 The reduce bucket is allocated whether or not the optimizer is offloaded (``contiguous_gradients``,
 DeepSpeed's default): ZeRO-3 ``bucket.buffer = torch.empty(reduce_bucket_size)``, ZeRO-1/2
-``setup_buckets``. ``reduce_bucket_size``: the HF Trainer fills DeepSpeed's ``"auto"`` with ``hidden_size**2``
-(``transformers/integrations/deepspeed.py``), the value vramlens uses; DeepSpeed's own default is
-``5e8`` elements (``zero/config.py``).
+``setup_buckets``. ``reduce_bucket_size``: the workload's ``parallel.reduce_bucket_size``, else what the HF
+Trainer fills DeepSpeed's ``"auto"`` with, ``hidden_size**2`` (``transformers/integrations/deepspeed.py``);
+DeepSpeed's own default is ``5e8`` elements (``zero/config.py``; :mod:`vramlens.resolve.zero`).
 """
 
 from __future__ import annotations
@@ -54,7 +54,10 @@ class GradientBuffers:
 
 
 def reduce_bucket_elements(ctx: TrainingContext) -> int:
-    """``reduce_bucket_size`` as the HF Trainer fills DeepSpeed's ``auto``: ``hidden_size**2`` elements."""
+    """``reduce_bucket_size`` in elements: the workload's, else as the HF Trainer fills DeepSpeed's
+    ``auto``, ``hidden_size**2`` (:mod:`vramlens.resolve.zero`)."""
+    if ctx.zero is not None:
+        return ctx.zero.reduce_bucket
     return ctx.spec.hidden_size * ctx.spec.hidden_size
 
 
@@ -93,5 +96,7 @@ def gradient_buffers(ctx: TrainingContext, stage: StageView) -> GradientBuffers 
     return GradientBuffers(
         partitions_on_cpu=offloaded,
         buffer_bytes=total,
-        formula=lambda: f"{where}{buckets} reduce bucket(s) of hidden^2 = {bucket:,}{extra} elements x {size} B",
+        formula=lambda: (
+            f"{where}{buckets} reduce bucket(s) of reduce_bucket_size {bucket:,}{extra} elements x {size} B"
+        ),
     )

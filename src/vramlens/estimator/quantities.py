@@ -23,6 +23,8 @@ from vramlens.estimator.qlora import dequantized_bytes
 from vramlens.estimator.stage_memory import WHOLE_STEP, Formula, StageMemory, Summed, record_effect
 from vramlens.estimator.stage_plan import StagePlan, at_seq, build_at_seq, fill_terms, sized_amounts
 from vramlens.estimator.trl_head import head_input_per_token
+from vramlens.estimator.zero3 import grad_partitions_whole_step
+from vramlens.estimator.zero3_terms import zero3_step_gradients, zero3_unsharded
 from vramlens.resolve._memo import memo
 from vramlens.resolve.context import TrainingContext
 from vramlens.units import format_bytes
@@ -111,6 +113,11 @@ def _gradients(ctx: TrainingContext, mem: StageMemory) -> None:
     d_grad = _sharded(parallel.shard, ctx.shard_group, _GRAD_SHARDED)
     buffers = gradient_buffers(ctx, stage)
     on_cpu_grads = buffers is not None and buffers.partitions_on_cpu
+    alive = (
+        "whole step (ZeRO-3's grad_partitions_flat_buffer, allocated at initialization)"
+        if grad_partitions_whole_step(ctx)
+        else "from their layer's backward to the optimizer step"
+    )
     for group in stage.trainable if not on_cpu_grads else ():
         mem.add(
             f"gradients ({group.name})",
@@ -118,7 +125,7 @@ def _gradients(ctx: TrainingContext, mem: StageMemory) -> None:
             group.elements * group.grad_bytes / d_grad,
             _per_element_formula(group.elements, group.grad_bytes, d_grad),
             into="grads_bytes",
-            alive="from their layer's backward to the optimizer step",
+            alive=alive,
         )
     if buffers is not None and buffers.buffer_bytes:
         mem.add(
@@ -156,7 +163,11 @@ def _unsharded(ctx: TrainingContext, mem: StageMemory) -> None:
     if parallel.pp > 1 and parallel.shard in _PARAM_SHARDED:
         _pipeline_unsharded(ctx, mem)
     else:
-        mem.unsharded = fsdp_memory(ctx, mem.stage, mem.add, mem.notes)
+        mem.unsharded = (
+            zero3_unsharded(ctx, mem.stage, mem.add, mem.notes)
+            if parallel.shard is Shard.ZERO3 and ctx.zero is not None
+            else fsdp_memory(ctx, mem.stage, mem.add, mem.notes)
+        )
 
 
 def _dequantized(ctx: TrainingContext, mem: StageMemory) -> None:
@@ -227,6 +238,9 @@ def _optimizer_temporaries(ctx: TrainingContext, mem: StageMemory) -> None:
         into="step_temp_bytes",
         alive="inside optimizer.step()",
     )
+    if ctx.zero is not None and ctx.workload.parallel.shard is Shard.ZERO3 and fp32_grads:
+        zero3_step_gradients(ctx, mem, d_state)
+        return
     mem.add(
         "fp32 gradient partition (master-weight optimizer step)",
         Category.TEMPORARY,

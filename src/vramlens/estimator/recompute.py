@@ -11,7 +11,8 @@ from dataclasses import dataclass, replace
 
 from vramlens.errors import InputError
 from vramlens.estimator.activations import ffn_saved_parts, layer_saved_parts
-from vramlens.estimator.eager_attention import eager_transients
+from vramlens.estimator.eager_attention import eager_score_chain, eager_transients
+from vramlens.estimator.loss_pattern import Step
 from vramlens.estimator.mixers import KERNEL_ASSUMPTION, STATE_MIXERS, mixer_after_scan_parts, mixer_backward_working
 from vramlens.estimator.qlora import adapter_inputs_shared, base_output_bytes
 from vramlens.estimator.saved_parts import GATHERED, HEADS, SEQUENCE, LayerRecipe, Part, TrainState
@@ -30,6 +31,7 @@ from vramlens.workload.spec import ALL_LINEAR
 __all__ = [
     "LayerActivations",
     "eager_attention_working",
+    "recomputed_score_chain",
     "layer_activations",
     "layer_kind",
     "scan_backward_beyond",
@@ -352,3 +354,24 @@ def eager_attention_working(ctx: TrainingContext, state: TrainState, layer_range
         ctx.spec, recipe.style, compute_bytes=a, autocast=autocast, seq=seq, tp=tp, kept=False
     )[0]
     return max(0.0, over_kept - after), max(0.0, backward - after), everything
+
+
+def recomputed_score_chain(ctx: TrainingContext, state: TrainState, layer_range: range) -> tuple[Step, ...]:
+    """Eager attention's score tensors in the first (no-grad) forward of a layer that full recompute
+    re-runs in backward, in code order (:func:`~vramlens.estimator.eager_attention.eager_score_chain`);
+    empty unless attention is eager, the layers are recomputed whole and every layer of the range
+    attends (a hybrid's Mamba or linear-attention layers make no scores)."""
+    if ctx.attention is not AttentionImpl.EAGER or ctx.workload.recompute not in _WHOLE_LAYER:
+        return ()
+    if not layer_range or not all(ctx.spec.layers[index].attends for index in layer_range):
+        return ()
+    recipe = _recipe(ctx, state, [])
+    return eager_score_chain(
+        ctx.spec,
+        recipe.style,
+        compute_bytes=recipe.compute_bytes,
+        autocast=recipe.autocast,
+        seq=recipe.seq,
+        tokens=ctx.tokens,
+        tp=ctx.workload.parallel.tp,
+    )

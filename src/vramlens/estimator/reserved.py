@@ -9,10 +9,12 @@ step's activations so that the same request needs a new segment, 20 MiB segments
 workload's ``alloc_conf``:
 
 * with parameters sharded by FSDP2, and on one GPU when the workload says ``reserved_replay: true``
-  (10-50 ms an estimate, so not the default), the **whole step is replayed**, every layer:
-  :mod:`vramlens.estimator.step_pattern` writes the requests the estimator's terms imply in code
-  order (:mod:`vramlens.estimator.step_shape`, :mod:`vramlens.estimator.step_layers`), memoized on
-  the frozen :class:`~vramlens.estimator.step_shape.StepShape`; checked against the simulator's
+  (10-50 ms an estimate, 20-90x the default one: ``benchmarks/replay_speed.py``; so not the default),
+  the **whole step is replayed**, every layer: :mod:`vramlens.estimator.step_pattern` writes the
+  requests the estimator's terms imply in code order (:mod:`vramlens.estimator.step_shape`,
+  :mod:`vramlens.estimator.step_layers`) straight into the allocator model
+  (:func:`~vramlens.allocator.replaying.replaying_pattern`, the peaks of the full replay to the byte),
+  memoized on the frozen :class:`~vramlens.estimator.step_shape.StepShape`; checked against the simulator's
   replay of the real code (``tests/simulator/test_agreement.py``, ``test_distributed.py``);
 * otherwise (one GPU by default; DDP, ZeRO, FSDP1 always) two parts: the vocabulary-sized
   tensors (logits and loss, the head's weight copy, the embedding's and head's gradients and
@@ -34,7 +36,7 @@ from functools import lru_cache
 from typing import Any, Final
 
 from vramlens.allocator import AllocatorSettings
-from vramlens.allocator.pattern import pattern_peaks
+from vramlens.allocator.replaying import replaying_pattern
 from vramlens.estimator.lora_head import training_lora_head, with_head_script
 from vramlens.estimator.loss_outputs import fp32_model_outputs, loss_chunks, model_logits_bytes
 from vramlens.estimator.loss_pattern import LossScript, loss_script
@@ -144,9 +146,12 @@ def training_loss_script(ctx: TrainingContext, mem: StageMemory, targets: frozen
 def replayed_slack(
     shape: StepShape, loss: LossScript, *, layers: int, micro_steps: int, settings: AllocatorSettings
 ) -> int:
-    """Reserved minus allocated peak (bytes) of the step pattern of ``layers`` decoder layers."""
-    peaks = pattern_peaks(step_pattern(shape, loss, layers=layers, micro_steps=micro_steps), settings)
-    return peaks.slack_bytes
+    """Reserved minus allocated peak (bytes) of the step pattern of ``layers`` decoder layers, each
+    request replayed as it is written (:func:`~vramlens.allocator.replaying.replaying_pattern`: the
+    peaks of :func:`~vramlens.allocator.pattern.pattern_peaks` without keeping the events)."""
+    sink = replaying_pattern(settings)
+    step_pattern(shape, loss, layers=layers, micro_steps=micro_steps, into=sink)
+    return sink.peaks().slack_bytes
 
 
 @lru_cache(maxsize=4096)

@@ -25,6 +25,8 @@ __all__ = [
     "LayerRecipe",
     "Part",
     "TrainState",
+    "QKV_NAMES",
+    "fused_qkv_lora_parts",
     "gated_saved",
     "group_inputs",
     "lora_parts",
@@ -177,13 +179,15 @@ def lora_parts(
     ``shared_expert``: the adapters of an MoE layer's shared expert, else the others of ``group``
     (``recipe.linears`` lists every layer kind's linears: a dense layer has no shared expert)."""
     train = recipe.train
-    parts = []
+    fused = recipe.style.lora_fused_qkv and group == "attn_in" and not shared_expert
+    parts = fused_qkv_lora_parts(recipe, width, input_bytes=input_bytes) if fused else []
     uncast = False
     for shape in recipe.linears:
         if (
             shape.group != group
             or shape.name not in train.adapters
             or is_shared_expert(recipe.spec, shape) != shared_expert
+            or (fused and shape.name in QKV_NAMES)
         ):
             continue
         autocast = recipe.autocast or recipe.autocast_adapters
@@ -199,6 +203,47 @@ def lora_parts(
         parts.append(Part(name=f"{shape.name} lora_A output", bytes_per_token=cast * train.lora_rank, split=SEQUENCE))
     if uncast:
         parts.append(Part(name=f"{group} input (kept by lora_A)", bytes_per_token=input_bytes * width, split=SEQUENCE))
+    return parts
+
+
+#: The separate query, key and value projections that litgpt's ``LoRAQKVLinear`` adapts as one.
+QKV_NAMES = ("q_proj", "k_proj", "v_proj")
+
+
+def fused_qkv_lora_parts(recipe: LayerRecipe, width: int, *, input_bytes: int) -> list[Part]:
+    """What litgpt's ``LoRAQKVLinear`` keeps when LoRA adapts some of q, k, v (:attr:`HfStyle.lora_fused_qkv`),
+    in bytes per token of a ``width``-wide input:
+
+    * ``lora_A`` (rank x adapted projections rows) reads the input once: the input itself, or one
+      copy where a dropout (plus its mask) or an autocast cast sits in between;
+    * its output, ``rank`` per adapted projection, read again by ``lora_B``'s ``conv1d``;
+    * unless all three are adapted, ``zero_pad``'s ``index_copy_(-1, lora_ind, source)`` keeps its
+      source, the ``lora_B`` outputs of the adapted projections (their output widths).
+
+    Source: litgpt 0.5.13 ``lora.py`` (``LoRAQKVLinear.forward``, ``zero_pad``, ``conv1d``); checked
+    with saved-tensor hooks on a tiny model on CPU (tests/estimator/test_litgpt.py). The per-layer
+    ``lora_ind`` index (8 bytes per adapted output feature) is not per token: not counted."""
+    train = recipe.train
+    qkv = [s for s in recipe.linears if s.group == "attn_in" and s.name in QKV_NAMES]
+    adapted = [s for s in qkv if s.name in train.adapters]
+    if not adapted:
+        return []
+    autocast = recipe.autocast or recipe.autocast_adapters
+    cast = recipe.compute_bytes if autocast else train.adapter_bytes
+    parts = []
+    if train.adapter_input_copies:  # else the group keeps its input once (``needs_input``)
+        copy = autocast or cast != input_bytes or train.lora_dropout > 0
+        name, per = (
+            ("qkv adapter input (one lora_A)", cast) if copy else ("attn_in input (kept by lora_A)", input_bytes)
+        )
+        parts.append(Part(name=name, bytes_per_token=per * width, split=SEQUENCE))
+    if train.lora_dropout > 0:
+        parts.append(Part(name="qkv adapter dropout mask", bytes_per_token=MASK * width, split=SEQUENCE))
+    rank = train.lora_rank * len(adapted)
+    parts.append(Part(name="qkv lora_A output", bytes_per_token=cast * rank, split=SEQUENCE))
+    if len(adapted) < len(qkv):
+        padded = sum(s.out_features for s in adapted)
+        parts.append(Part(name="qkv lora_B outputs kept by zero_pad (index_copy_)", bytes_per_token=cast * padded))
     return parts
 
 

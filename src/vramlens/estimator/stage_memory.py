@@ -100,6 +100,10 @@ class StageMemory:
     """The backward working set when only the embedding's backward is left (None: ``working_bytes``)."""
     forward_working_bytes: int = 0
     """A layer's forward working set (with the forward-only attention masks): inside its forward."""
+    forward_besides_scores_bytes: int = 0
+    """The part of ``forward_working_bytes`` that is not eager attention's score tensors (the MLP's
+    and adapters' intermediates, the masks): what the allocator replay writes beside the score chain
+    of a recomputed layer (:func:`vramlens.estimator.eager_attention.eager_score_chain`)."""
     masks_bytes_per_token: float = 0.0
     """Attention masks alive during the forward only, bytes per token (see LayerActivations)."""
     mixer_backward_bytes_per_token: float = 0.0
@@ -173,6 +177,7 @@ SIZED_QUANTITIES = (
     "head_cast_bytes",
     "working_bytes",
     "forward_working_bytes",
+    "forward_besides_scores_bytes",
 )
 
 

@@ -53,13 +53,15 @@ class SizedAmounts(NamedTuple):
     logits: LossAmounts | None
     working: int
     forward_working: int
+    forward_besides_scores: int
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class WorkingSet:
     """A layer's working sets at one sequence length, bytes per token (see :func:`working_set`):
     backward and forward before tensor parallelism, the scan backward and forward-only masks already
-    per rank, and on one rank (``max(backward / tp, scan)``, ``forward / tp + masks``)."""
+    per rank, and on one rank (``max(backward / tp, scan)``, ``forward / tp + masks``, and the latter
+    without eager attention's score tensors)."""
 
     backward: float
     forward: float
@@ -67,6 +69,7 @@ class WorkingSet:
     masks: float
     backward_per_rank: float
     forward_per_rank: float
+    besides_scores_per_rank: float
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -121,6 +124,7 @@ class StagePlan:
         if amounts.logits is not None:
             mem.logits, mem.head_cast_bytes = amounts.logits.kept, amounts.logits.cast_bytes
         mem.working_bytes, mem.forward_working_bytes = amounts.working, amounts.forward_working
+        mem.forward_besides_scores_bytes = amounts.forward_besides_scores
         return mem
 
     def memory(self) -> StageMemory:
@@ -174,9 +178,10 @@ def working_set(
     # Eager attention's score tensors come and go apart from the MLP's intermediates; a recomputed
     # layer's forward runs inside the backward pass, its kept tensors counted as the transient.
     over_kept, eager_backward, eager_forward = eager
+    scan, masks = acts.mixer_backward_per_token, acts.masks_per_token
+    besides_scores = forward / tp + masks
     forward = max(forward, eager_forward if recompute else over_kept)
     backward = max(backward, eager_backward, over_kept if recompute else 0)
-    scan, masks = acts.mixer_backward_per_token, acts.masks_per_token
     return WorkingSet(
         backward=backward,
         forward=forward,
@@ -184,6 +189,7 @@ def working_set(
         masks=masks,
         backward_per_rank=max(backward / tp, scan),
         forward_per_rank=forward / tp + masks,
+        besides_scores_per_rank=besides_scores,
     )
 
 
@@ -268,6 +274,7 @@ def sized_amounts(ctx: TrainingContext, plan: StagePlan, at: AtSeq) -> SizedAmou
         logits=logits,
         working=max(int(tokens * working.backward_per_rank), ring_backward_bytes(ctx)),
         forward_working=int(tokens * working.forward_per_rank),
+        forward_besides_scores=int(tokens * working.besides_scores_per_rank),
     )
 
 
@@ -319,6 +326,7 @@ def _working_sets(ctx: TrainingContext, mem: StageMemory, working: WorkingSet, a
     attention's (context parallel), and their formulas."""
     tokens, tp = ctx.tokens, ctx.workload.parallel.tp
     mem.working_bytes, mem.forward_working_bytes = amounts.working, amounts.forward_working
+    mem.forward_besides_scores_bytes = amounts.forward_besides_scores
     ring = ring_backward_bytes(ctx)
     backward, forward, scan, masks = working.backward, working.forward, working.scan, working.masks
     mem.formulas["working_bytes"] = lambda: (

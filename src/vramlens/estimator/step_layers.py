@@ -11,15 +11,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from vramlens.estimator.layer_script import ForwardScript, lora_forward_script
+from vramlens.estimator.loss_pattern import Step
 from vramlens.estimator.quantities import StageMemory
-from vramlens.estimator.recompute import layer_activations, layer_kind, train_state
+from vramlens.estimator.recompute import layer_activations, layer_kind, recomputed_score_chain, train_state
 from vramlens.estimator.saved_parts import GATHERED, HEADS, SEQUENCE, Part
 from vramlens.model.modules import layer_linears
 from vramlens.model.spec import LayerKind
 from vramlens.resolve.context import TrainingContext
+from vramlens.resolve.frameworks import layer_style
 from vramlens.workload.options import AttentionImpl
 
-__all__ = ["Saved", "saved_tensors", "tensor_widths"]
+__all__ = ["Saved", "saved_tensors", "score_chain", "tensor_widths", "working_pieces"]
 
 
 def saved_tensors(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str]) -> Saved:
@@ -31,6 +34,11 @@ def saved_tensors(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str
     stage = mem.stage
     acts = layer_activations(ctx, train_state(ctx, targets), stage.layer_range)
     built = {kind: kind_tensors(ctx, kind, parts, targets) for kind, parts in acts.parts_by_kind}
+    style = layer_style(ctx.spec.model_type, ctx.profile)
+    scripts = {
+        kind: lora_forward_script(ctx, kind, part_tensors(ctx, parts), targets, style)
+        for kind, parts in acts.parts_by_kind
+    }
     kinds = list(built)
     index = tuple(
         kinds.index(layer_kind(ctx.spec.layers[i], ctx.workload.seq)) if kinds else 0 for i in stage.layer_range
@@ -38,12 +46,19 @@ def saved_tensors(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str
     lists = [built[kind][0] for kind in kinds] or [[]]
     total = sum(sum(lists[i]) for i in index)
     if total and abs(total - mem.activations_bytes) <= 0.02 * total:
-        return Saved(lists=lists, index=index, recomputed=[], adapters=[built[kind][1] for kind in kinds] or [[]])
+        adapters = [built[kind][1] for kind in kinds] or [[]]
+        return Saved(lists=lists, index=index, recomputed=[], adapters=adapters, scripts=[scripts[k] for k in kinds])
     per_layer = mem.activations_bytes // max(stage.layers, 1)
     largest = max(lists, key=sum)
     if mem.recompute_bytes and abs(sum(largest) - mem.recompute_bytes) > 0.02 * mem.recompute_bytes:
         largest = _greedy(mem.recompute_bytes, tensor_widths(ctx))  # selective: the attention core's share
     return Saved(lists=[[per_layer] if per_layer else []], index=(), recomputed=largest if mem.recompute_bytes else [])
+
+
+def score_chain(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str]) -> tuple[Step, ...]:
+    """Eager attention's score tensors of a recomputed layer's first forward, one by one
+    (:func:`~vramlens.estimator.recompute.recomputed_score_chain`; empty when none are written)."""
+    return recomputed_score_chain(ctx, train_state(ctx, targets), mem.stage.layer_range)
 
 
 def _greedy(total: int, widths: tuple[int, ...]) -> list[int]:
@@ -64,6 +79,7 @@ class Saved:
     index: tuple[int, ...]
     recomputed: list[int]
     adapters: list[list[tuple[int, int, int]]] = field(default_factory=lambda: [[]])
+    scripts: list[ForwardScript | None] = field(default_factory=list)
 
 
 def kind_tensors(
@@ -74,22 +90,32 @@ def kind_tensors(
     sums of ``result = base(x); result = result + lora_B(lora_A(dropout(x))) * scaling``: the base
     output before the adapter's input copy, the sum after its ``lora_A`` output (the terms'
     ``_adapter_transients``), as :attr:`StepShape.adapter_sums` lists them."""
-    tp, tokens = ctx.workload.parallel.tp, ctx.tokens
-    divisor = {HEADS: tp, SEQUENCE: tp, GATHERED: 1}
-    widths, compute = tensor_widths(ctx), tensor_widths(ctx, (ctx.compute_bytes,))
-    outs = {s.name: s.out_features // tp for s in layer_linears(ctx.spec, kind) if s.name in targets}
+    outs = {
+        s.name: s.out_features // ctx.workload.parallel.tp for s in layer_linears(ctx.spec, kind) if s.name in targets
+    }
     tensors: list[int] = []
     adapters: list[tuple[int, int, int]] = []
     starts: dict[str, int] = {}
-    for part in parts:
-        name = part.name.removesuffix(" adapter input")
-        if name != part.name:
-            starts[name] = len(tensors)
-        tensors += _tensors(int(part.bytes_per_token / divisor[part.split] * tokens), widths, compute)
-        name = part.name.removesuffix(" lora_A output")
-        if name != part.name and name in outs:
-            adapters.append((starts.get(name, len(tensors) - 1), len(tensors), outs[name] * tokens))
+    for name, each in part_tensors(ctx, parts):
+        linear = name.removesuffix(" adapter input")
+        if linear != name:
+            starts[linear] = len(tensors)
+        tensors += each
+        linear = name.removesuffix(" lora_A output")
+        if linear != name and linear in outs:
+            adapters.append((starts.get(linear, len(tensors) - 1), len(tensors), outs[linear] * ctx.tokens))
     return tensors, adapters
+
+
+def part_tensors(ctx: TrainingContext, parts: tuple[Part, ...]) -> list[tuple[str, list[int]]]:
+    """Each part's name and the tensors it holds on this rank (:func:`_tensors`), bytes."""
+    tp, tokens = ctx.workload.parallel.tp, ctx.tokens
+    divisor = {HEADS: tp, SEQUENCE: tp, GATHERED: 1}
+    widths, compute = tensor_widths(ctx), tensor_widths(ctx, (ctx.compute_bytes,))
+    return [
+        (part.name, _tensors(int(part.bytes_per_token / divisor[part.split] * tokens), widths, compute))
+        for part in parts
+    ]
 
 
 def tensor_widths(ctx: TrainingContext, dtypes: tuple[int, ...] = ()) -> tuple[int, ...]:
@@ -119,3 +145,23 @@ def _tensors(nbytes: int, widths: tuple[int, ...], compute: tuple[int, ...]) -> 
         if nbytes % width == 0 and 2 <= nbytes // width <= 8:
             return [width] * (nbytes // width)
     return [nbytes]
+
+
+def working_pieces(total: int, widths: tuple[int, ...]) -> list[int]:
+    """``total`` bytes of a working set as the layer's natural tensors (``widths``, largest first):
+    greedily the largest that still fits, the rest as one tensor; a set over eight of the largest
+    (attention scores) as equal tensors of about that size. Intermediates are created and freed
+    among the layer's other tensors, not as one block."""
+    if total <= 0:
+        return []
+    largest = max(widths[0], 1)
+    if total > 8 * largest:
+        count = -(-total // largest)
+        return [total // count] * count
+    found: list[int] = []
+    rest = total
+    for width in widths:
+        while width > 0 and rest >= width:
+            found.append(width)
+            rest -= width
+    return [*found, rest] if rest > 0 else found

@@ -6,8 +6,9 @@ Order follows an eager PyTorch step (transformers' modules, ``loss.backward()``,
 * load: the cuBLAS workspace, then every resident weight (DDP's gradient buckets are left out:
   persistent and in segments of their own, they never meet another request);
 * forward, layer by layer: the gathered unit (sharded parameters), autocast weight copies, the
-  saved activations, the layer's transient working set, the next hidden state; then the final
-  norm's output, the head's weight copy and the loss (:mod:`vramlens.estimator.loss_pattern`);
+  saved activations, the layer's transient working set, the next hidden state (a LoRA layer of the
+  families :mod:`vramlens.estimator.layer_script` describes: its forward in code order instead);
+  then the final norm's output, the head's weight copy and the loss (:mod:`vramlens.estimator.loss_pattern`);
 * backward, layers in reverse (a trained embedding tied to the head: autograd holds the head's
   gradient contribution from the head's backward to the embedding's, where it is summed with the
   embedding's own into a new tensor, the gradient): the recomputed layer (checkpointing), the gradient working set,
@@ -36,8 +37,10 @@ from dataclasses import dataclass, field
 
 from vramlens.allocator.pattern import Pattern
 from vramlens.allocator.streams import Stream
+from vramlens.estimator.layer_script import write_steps
 from vramlens.estimator.loss_pattern import LossScript
 from vramlens.estimator.runtime import CUBLAS_WORKSPACE_BYTES
+from vramlens.estimator.step_layers import working_pieces
 from vramlens.estimator.step_shape import StepShape
 
 __all__ = ["step_pattern"]
@@ -58,9 +61,9 @@ class _Forward:
 class _Writer:
     """Writes the events of ``layers`` decoder layers of ``shape`` into one pattern."""
 
-    def __init__(self, shape: StepShape, loss: LossScript, layers: int) -> None:
+    def __init__(self, shape: StepShape, loss: LossScript, layers: int, into: Pattern) -> None:
         self.shape, self.loss, self.layers = shape, loss, layers
-        self.p = Pattern()
+        self.p = into
         self.grads: list[int] = []
         self.states_made = False
         self.held = -1  # FSDP2: the all-gather output kept for the next copy-out
@@ -68,6 +71,7 @@ class _Writer:
         self.reduce_input = -1  # FSDP2: the last reduce-scatter input (one kept)
         self.micro = 0
         self.accumulated: dict[int, list[int]] = {}  # FSDP2 without sync: unsharded gradients by unit
+        self.released: list[int] = []  # a scripted layer's tensors freed once its output exists
 
     def _kind(self, layer: int) -> int:
         return layer % len(self.shape.layer_trained)
@@ -79,6 +83,10 @@ class _Writer:
         keys and the forward working set left for the end of the layer (bytes)."""
         s, p = self.shape, self.p
         kind = s.saved_kind[layer] if layer < len(s.saved_kind) else layer % len(s.saved)
+        script = s.forward_scripts[kind] if kind < len(s.forward_scripts) else None
+        if script is not None:  # the layer's forward in code order, its transients with it
+            kept, self.released = script.write(p)
+            return kept, 0
         sums = s.adapter_sums[kind] if kind < len(s.adapter_sums) else ()
         a, d = s.compute_bytes, s.adapter_bytes
         bases: dict[int, int] = {}
@@ -197,10 +205,13 @@ class _Writer:
                 gathered.append(p.alloc(s.gather_layer, Stream.ALL_GATHER))
             casts = [p.alloc(c) for c in s.casts]
             layer, working_bytes = self._layer_forward(i)
-            working = [p.alloc(piece) for piece in _pieces(working_bytes, s.widths or (s.hidden,))]
+            scores = write_steps(p, s.score_chain)  # the probabilities stay to the layer's end
+            working = [p.alloc(piece) for piece in working_pieces(working_bytes, s.widths or (s.hidden,))]
             p.temporary(s.dequant)
             p.free_all(working)
+            p.free_all(scores)
             new_hidden = p.alloc(s.hidden)
+            p.free_all(self.released)
             p.free(hidden)
             hidden = new_hidden
             if copy_out:
@@ -274,7 +285,7 @@ class _Writer:
                 gathered = [p.alloc(s.gather_layer, Stream.ALL_GATHER), p.alloc(s.gather_layer_grads)]
                 unsharded = []
             recomputed = [p.alloc(nbytes) for nbytes in s.recomputed]
-            working = [p.alloc(piece) for piece in _pieces(s.working, s.widths or (s.hidden,))]
+            working = [p.alloc(piece) for piece in working_pieces(s.working, s.widths or (s.hidden,))]
             p.temporary(s.dequant)
             if grads and copy_out:
                 p.free_all(gathered)  # resharded after backward, before the reduce
@@ -363,29 +374,12 @@ class _Writer:
         p.free_all(self.grads)
 
 
-def _pieces(total: int, widths: tuple[int, ...]) -> list[int]:
-    """``total`` bytes of a working set as the layer's natural tensors (``widths``, largest first):
-    greedily the largest that still fits, the rest as one tensor; a set over eight of the largest
-    (attention scores) as equal tensors of about that size. Intermediates are created and freed
-    among the layer's other tensors, not as one block."""
-    if total <= 0:
-        return []
-    largest = max(widths[0], 1)
-    if total > 8 * largest:
-        count = -(-total // largest)
-        return [total // count] * count
-    found: list[int] = []
-    rest = total
-    for width in widths:
-        while width > 0 and rest >= width:
-            found.append(width)
-            rest -= width
-    return [*found, rest] if rest > 0 else found
-
-
-def step_pattern(shape: StepShape, loss: LossScript, *, layers: int, micro_steps: int = 1) -> Pattern:
-    """Load, then two optimizer steps of ``micro_steps`` micro-steps each, for ``layers`` layers."""
-    writer = _Writer(shape, loss, layers)
+def step_pattern(
+    shape: StepShape, loss: LossScript, *, layers: int, micro_steps: int = 1, into: Pattern | None = None
+) -> Pattern:
+    """Load, then two optimizer steps of ``micro_steps`` micro-steps each, for ``layers`` layers,
+    written into ``into`` (a new :class:`Pattern` by default; a replaying one keeps only the peaks)."""
+    writer = _Writer(shape, loss, layers, Pattern() if into is None else into)
     writer.load()
     for _ in range(2):
         for micro in range(min(micro_steps, 2)):

@@ -15,6 +15,7 @@ from vramlens.categories import Category
 from vramlens.estimator.qlora import prepare_cast_bytes
 from vramlens.estimator.runtime import CUBLAS_FORMULA, CUBLAS_WORKSPACE_BYTES
 from vramlens.estimator.stage_memory import Formula, StageMemory, Summed
+from vramlens.estimator.zero3 import grad_partitions_whole_step
 from vramlens.resolve.context import TrainingContext
 from vramlens.result.report import PhaseMemory, Term
 from vramlens.workload.options import Shard
@@ -116,7 +117,9 @@ def _base(mem: StageMemory, alive: str) -> _Instant:
 def _kept_gradients(ctx: TrainingContext, mem: StageMemory, instant: _Instant) -> None:
     """Gradients alive before a micro-step's backward: the unsharded ones FSDP accumulates without
     gradient sync (the sharded ones appear at the last micro-step), else with gradient
-    accumulation the earlier micro-steps' (sharded) gradients; none on a single micro-step."""
+    accumulation the earlier micro-steps' (sharded) gradients, or ZeRO-3's gradient partitions
+    (one buffer from initialization on, :func:`~vramlens.estimator.zero3.grad_partitions_whole_step`);
+    none on a single micro-step."""
     accumulated = mem.unsharded.accumulated_grads
     if accumulated:
         instant.add(
@@ -125,7 +128,7 @@ def _kept_gradients(ctx: TrainingContext, mem: StageMemory, instant: _Instant) -
             accumulated,
             "every trainable element in the reduce dtype (fsdp.py)",
         )
-    elif ctx.workload.grad_accum > 1 and not ctx.in_backward_step:
+    elif (ctx.workload.grad_accum > 1 and not ctx.in_backward_step) or grad_partitions_whole_step(ctx):
         instant.part("grads_bytes")
 
 
@@ -229,7 +232,7 @@ def _first_layers(ctx: TrainingContext, mem: StageMemory, outputs: int) -> tuple
     instant = _base(mem, "inside the first layers' backward")
     _kept_gradients(ctx, mem, instant)
     instant.part("grad_buckets_bytes")
-    if not ctx.in_backward_step:
+    if not ctx.in_backward_step and not grad_partitions_whole_step(ctx):
         instant.quantity("LM head gradient (made first in backward)", _C.GRADIENTS, "head_grads_bytes")
     instant.parts("activations_bytes", "non_layer_bytes", "inputs_bytes")
     instant.quantity("the recomputed layer's tensors", _C.ACTIVATIONS, "recompute_bytes")
@@ -277,7 +280,7 @@ def _backward_end(ctx: TrainingContext, mem: StageMemory, kept_to_end: int) -> t
 def _last_layer(ctx: TrainingContext, mem: StageMemory, kept_to_end: int, embedding: int) -> tuple[str, _Instant]:
     instant = _base(mem, "inside the first layer's backward (the last backward reaches)")
     missing = {"the first layer's": mem.layer_grads_bytes, "the input embedding's": embedding}
-    _gradients_so_far(instant, ctx.in_backward_step, missing)
+    _gradients_so_far(instant, ctx.in_backward_step, {} if grad_partitions_whole_step(ctx) else missing)
     instant.parts("grad_buckets_bytes", "non_layer_bytes", "inputs_bytes")
     if mem.recompute_bytes:
         instant.quantity("the recomputed layer's tensors", _C.ACTIVATIONS, "recompute_bytes")
@@ -303,7 +306,7 @@ def _tied_backward(ctx: TrainingContext, mem: StageMemory, outputs: int, tied: i
     holds the logits, the tied matrix's sharded gradient still to come; on one unsharded rank the
     head's contribution and the sum beside the embedding's (``tied`` bytes each)."""
     instant = _base(mem, "inside the tied embedding's backward")
-    missing = {} if tied else {"the tied matrix's": mem.head_grads_bytes}
+    missing = {} if tied or grad_partitions_whole_step(ctx) else {"the tied matrix's": mem.head_grads_bytes}
     _gradients_so_far(instant, ctx.in_backward_step, missing)
     instant.parts("grad_buckets_bytes", "non_layer_bytes", "inputs_bytes")
     _kept_outputs(instant, outputs)

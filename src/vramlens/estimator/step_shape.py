@@ -16,13 +16,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from vramlens.allocator.streams import Stream
-from vramlens.estimator.fsdp import accumulates_unsharded, resolved_wrap, units
+from vramlens.estimator.fsdp import accumulates_unsharded, resolved_wrap, units, uses_fsdp2
+from vramlens.estimator.layer_script import ForwardScript
 from vramlens.estimator.layout import EMBED_NAMES, StageView
 from vramlens.estimator.lora_head import HEAD_NAMES
 from vramlens.estimator.optimizers import optimizer_model
 from vramlens.estimator.qlora import unquantized_bytes
 from vramlens.estimator.quantities import StageMemory
-from vramlens.estimator.step_layers import Saved, saved_tensors, tensor_widths
+from vramlens.estimator.step_layers import Saved, saved_tensors, score_chain, tensor_widths
 from vramlens.model.modules import layer_linears
 from vramlens.model.params import norm_parameters
 from vramlens.model.spec import LayerKind
@@ -78,6 +79,10 @@ class StepShape:
     """For each entry of ``saved``: PEFT's adapter sums of each adapted linear in module order, as
     (its base output is made before saved tensor n, its sum after saved tensor m, out elements x
     tokens) (empty without LoRA or under recompute)."""
+    forward_scripts: tuple[ForwardScript | None, ...]
+    """For each entry of ``saved``: its layers' forward in code order, the saved tensors among the
+    tensors nobody keeps (:func:`~vramlens.estimator.layer_script.lora_forward_script`), or None
+    where the layer is written from ``saved`` and ``adapter_sums``."""
     compute_bytes: int
     """Bytes per element of activations (the compute dtype)."""
     adapter_bytes: int
@@ -90,6 +95,12 @@ class StepShape:
     """A layer's copies stay until its backward (no recompute); else the cache drops them after forward."""
     head_cast: int
     forward_working: int
+    """A layer's forward working set written as tensors after its saved ones (beside the score chain's
+    probabilities when there is a chain)."""
+    score_chain: tuple[tuple[str, str, int], ...]
+    """Eager attention's score tensors in a recomputed layer's first forward, in code order, the
+    probabilities (``probs``) left alive to the end of the layer
+    (:func:`~vramlens.estimator.step_layers.score_chain`; empty otherwise)."""
     working: int
     hidden: int
     """One hidden state of the micro-batch (the residual stream between layers)."""
@@ -124,7 +135,7 @@ class StepShape:
     loss_in_model: bool
     """The loss runs inside the model's forward (HF), before the root's post-forward."""
     gather_copy_out: bool
-    """FSDP2 (``FrameworkProfile.fsdp2`` or the ``split`` wrapping): a unit's all-gather output
+    """FSDP2 (:func:`~vramlens.estimator.fsdp.uses_fsdp2` or the ``split`` wrapping): a unit's all-gather output
     (all-gather stream) is copied out into its parameters on the compute stream; else (FSDP1,
     ZeRO-3) the gathered unit itself is made on the all-gather stream."""
     reduce_bytes: int
@@ -256,6 +267,7 @@ def step_shape(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str], 
     a = ctx.compute_bytes
     saved = saved_tensors(ctx, mem, targets) if layers else Saved(lists=[[]], index=(), recomputed=[])
     full_cast = ctx.autocast and ctx.full
+    chain = score_chain(ctx, mem, targets) if layers else ()
     return StepShape(
         layers=stage.layers,
         edge_params=tuple(int(e * edge_bytes) // d_param for e in edges),
@@ -277,13 +289,15 @@ def step_shape(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str], 
         saved=tuple(tuple(each) for each in saved.lists),
         saved_kind=saved.index,
         adapter_sums=tuple(tuple(each) for each in saved.adapters),
+        forward_scripts=tuple(saved.scripts),
         compute_bytes=a,
         adapter_bytes=2 if ctx.autocast or not ctx.profile.adapters_fp32 else 4,
         recomputed=tuple(saved.recomputed),
         casts=tuple(w * a for w in layer_trained[0] if w > spec.hidden_size) if full_cast and layers else (),
         casts_kept=ctx.workload.recompute is Recompute.NONE,
         head_cast=table * a if full_cast and stage.last else 0,
-        forward_working=mem.forward_working_bytes,
+        forward_working=mem.forward_besides_scores_bytes if chain else mem.forward_working_bytes,
+        score_chain=chain,
         working=mem.working_bytes,
         hidden=ctx.tokens * spec.hidden_size * a,
         widths=tensor_widths(ctx) if layers else (),
@@ -305,9 +319,7 @@ def _fsdp_fields(
     FSDP1 split units), the copy-out parameters, unsharded gradients and their streams."""
     spec, parallel, a = ctx.spec, ctx.workload.parallel, ctx.compute_bytes
     gather_edges, gather_layer, gather_grads, gather_embedding, gather_tail = _fsdp_sizes(ctx, stage)
-    copy_out = parallel.shard in (Shard.FSDP, Shard.HSDP) and (
-        ctx.profile.fsdp2 or resolved_wrap(ctx) is FsdpWrap.SPLIT
-    )
+    copy_out = parallel.shard in (Shard.FSDP, Shard.HSDP) and (uses_fsdp2(ctx) or resolved_wrap(ctx) is FsdpWrap.SPLIT)
     return {
         "gather_edges": gather_edges,
         "gather_layer": gather_layer,

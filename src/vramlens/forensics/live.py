@@ -15,7 +15,6 @@ allocations (an allocation and, optionally, one free per storage id) and never p
 from __future__ import annotations
 
 import re
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -166,25 +165,46 @@ def step_ends(timeline: Timeline) -> tuple[tuple[int, ...], str]:
     phases numbered like ``ProfilerStep#3`` or ``step_3`` (one step per number; from snapshot
     annotations), the end of each ``optimizer_step`` stretch, or each recurrence of the first
     phase after ``load`` (e.g. ``forward`` without an optimizer, ``prefill`` per generate
-    call). Fewer than two steps: ``()``.
+    call). Fewer than two steps: ``()``. The phase runs are handled as arrays (a snapshot of
+    10**6 events has some 10**5 of them).
     """
     recorded = _recorded_ends(timeline)
     if len(recorded) >= 2:
         return recorded, "recorded step windows"
-    spans = [span for span in timeline.phase_spans() if span[0]]
-    numbered = _numbered_ends(timeline, spans)
+    codes, firsts, lasts = _named_spans(timeline)
+    names = timeline.phases
+    numbered = _numbered_ends(names, codes, lasts)
     if len(numbered) >= 2:
         return numbered, "numbered phases"
-    optimizer = tuple(last for name, _, last in spans if name == "optimizer_step")
+    optimizer = lasts[_named(names, "optimizer_step")[codes]]
     if len(optimizer) >= 2:
-        return optimizer, "end of each optimizer_step"
-    working = [span for span in spans if span[0] != "load"]
-    if working:
-        first = working[0][0]
-        starts = [begin for name, begin, _ in working if name == first]
+        return tuple(optimizer.tolist()), "end of each optimizer_step"
+    working = codes[~_named(names, "load")[codes]]
+    if len(working):
+        first = names[int(working[0])]
+        starts = firsts[_named(names, first)[codes]]
         if len(starts) >= 2:
-            return (*(begin - 1 for begin in starts[1:]), len(timeline) - 1), f"each start of {first}"
+            return (*(starts[1:] - 1).tolist(), len(timeline) - 1), f"each start of {first}"
     return (), "no repeated steps"
+
+
+def _named_spans(timeline: Timeline) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Phase code, first and last event of each run of one named phase, in order: the runs of
+    :meth:`~vramlens.result.timeline.Timeline.phase_spans` whose name is not empty."""
+    if not len(timeline):
+        empty = np.zeros(0, np.int64)
+        return empty, empty, empty
+    starts = np.flatnonzero(np.diff(timeline.phase, prepend=np.int32(-2)))
+    ends = np.append(starts[1:] - 1, len(timeline) - 1)
+    codes = timeline.phase[starts].astype(np.int64)
+    keep = codes >= 0
+    keep[keep] = np.array([bool(name) for name in timeline.phases], dtype=bool)[codes[keep]]
+    return codes[keep], starts[keep], ends[keep]
+
+
+def _named(names: tuple[str, ...], name: str) -> npt.NDArray[np.bool_]:
+    """Per phase code: whether the phase is called ``name``."""
+    return np.array([phase == name for phase in names], dtype=bool)
 
 
 def _recorded_ends(timeline: Timeline) -> tuple[int, ...]:
@@ -202,20 +222,34 @@ def _recorded_ends(timeline: Timeline) -> tuple[int, ...]:
     return tuple(sorted({int(index) for index in last.tolist() if index >= 0}))
 
 
-def _numbered_ends(timeline: Timeline, spans: list[tuple[str, int, int]]) -> tuple[int, ...]:
-    """Step ends from numbered phases of the most common prefix: each number's last event."""
-    matched = {name: _NUMBERED.match(name) for name in {span[0] for span in spans}}  # names repeat: match each once
-    matches = [(matched[name], last) for name, _, last in spans]
-    prefixes = Counter(match.group("prefix") for match, _ in matches if match)
-    if not prefixes:
+def _numbered_ends(
+    names: tuple[str, ...], codes: npt.NDArray[np.int64], lasts: npt.NDArray[np.int64]
+) -> tuple[int, ...]:
+    """Step ends from numbered phases of the most common prefix (counted over the runs; a tie
+    goes to the prefix seen first): each number's last event."""
+    present, first_run = np.unique(codes, return_index=True)
+    matched = {code: _NUMBERED.match(names[code]) for code in present.tolist()}  # names repeat: match each once
+    runs = np.bincount(codes, minlength=len(names)) if len(codes) else np.zeros(len(names), np.int64)
+    count: dict[str, int] = {}
+    seen_first: dict[str, int] = {}
+    for code, first in zip(present.tolist(), first_run.tolist(), strict=True):
+        match = matched[code]
+        if match:
+            prefix = match.group("prefix")
+            count[prefix] = count.get(prefix, 0) + int(runs[code])
+            seen_first[prefix] = min(seen_first.get(prefix, first), first)
+    if not count:
         return ()
-    prefix = prefixes.most_common(1)[0][0]
-    last_of: dict[int, int] = {}
-    for match, last in matches:
+    prefix = max(count, key=lambda name: (count[name], -seen_first[name]))
+    step_of = np.full(len(names), -1, np.int64)  # phase code -> dense index of its step number
+    numbers: dict[int, int] = {}
+    for code, match in matched.items():
         if match and match.group("prefix") == prefix:
-            number = int(match.group("number"))
-            last_of[number] = max(last_of.get(number, -1), last)
-    return tuple(sorted(last_of.values()))
+            step_of[code] = numbers.setdefault(int(match.group("number")), len(numbers))
+    steps = step_of[codes]
+    last_of = np.full(len(numbers), -1, np.int64)
+    np.maximum.at(last_of, steps[steps >= 0], lasts[steps >= 0])
+    return tuple(sorted(last_of.tolist()))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -17,6 +17,7 @@ from vramlens.resolve._memo import memo
 from vramlens.resolve.attention import hf_attention_kernel
 from vramlens.resolve.frameworks import PLAIN_NOTE, FrameworkProfile, MixedStyle, profile_for
 from vramlens.resolve.kbit import kbit_notes, prepared_compute_bytes
+from vramlens.resolve.zero import ZeroSettings, zero_settings
 from vramlens.workload.options import (
     AttentionImpl,
     Framework,
@@ -66,6 +67,8 @@ class TrainingContext:
     shard_group: int
     """Ranks sharing one copy of sharded state (1 when nothing is sharded)."""
     assumptions: tuple[str, ...]
+    zero: ZeroSettings | None = None
+    """DeepSpeed ZeRO's bucket and ZeRO-3 coordinator sizes (``shard: zero1-3``; :mod:`vramlens.resolve.zero`)."""
 
     @property
     def method(self) -> Method:
@@ -310,5 +313,6 @@ def resolve_training(spec: ModelSpec, workload: Workload) -> TrainingContext:
         workload=workload,
         tokens=workload.batch * workload.seq // parallel.cp,
         shard_group=parallel.shard_group,
+        zero=zero_settings(spec.hidden_size, parallel),
         **_resolved_settings(spec, workload),  # type: ignore[arg-type]
     )

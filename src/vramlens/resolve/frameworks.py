@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from vramlens._compat import StrEnum
 from vramlens.errors import InputError
-from vramlens.resolve.styles import HfStyle, hf_style, torchtune_style
+from vramlens.resolve.styles import HfStyle, hf_style, litgpt_style, torchtune_style
 from vramlens.workload.options import AttentionImpl, Framework, FsdpWrap, LossImpl, OptimizerImpl
 
 __all__ = ["FRAMEWORKS", "PLAIN_NOTE", "FrameworkProfile", "MixedStyle", "NormImpl", "layer_style", "profile_for"]
@@ -88,6 +88,13 @@ class FrameworkProfile:
     (``apply_fsdp``), torchtune (``training.shard_model``). Else FSDP2 with the ``split`` wrapping
     (transformers 5 Trainer) and FSDP1 with ``root``. Decides the streams of the gathered
     parameters (:mod:`vramlens.allocator.streams`)."""
+    fsdp2_lora: bool = False
+    """A LoRA run shards with FSDP2: ``fully_shard`` per decoder layer and then on the model with
+    ``reshard_after_forward`` left to its default, which keeps the root unit (embedding, final norm,
+    head) gathered from forward to the end of backward (:func:`vramlens.estimator.fsdp.fsdp2_root_unsharded`;
+    litgpt ``finetune/lora.py`` ``parallelize_fn`` under Fabric's ``ModelParallelStrategy``); its full
+    fine-tunes shard with FSDP1 (litgpt ``finetune/full.py``, ``adapter.py``, ``pretrain.py``: Lightning's
+    ``FSDPStrategy(auto_wrap_policy={Block})``)."""
     fsdp_reduce_fp32: bool = False
     """FSDP reduce-scatters gradients in fp32 (torchtitan's ``mixed_precision_reduce``); else in the
     all-gathered parameters' dtype (accelerate: ``reduce_dtype`` = ``param_dtype``)."""
@@ -244,10 +251,16 @@ FRAMEWORKS: dict[Framework, FrameworkProfile] = {
         keeps_logits=True,
         outputs_fp32=True,
         adapters_fp32=False,
+        own_modules=litgpt_style,
+        fsdp2_lora=True,
         source="litgpt finetune scripts: model(..., lm_head_chunk_size=128) and utils.chunked_cross_entropy over "
         "those 128-position chunks; the fit loop's `logits` list stays alive through fabric.backward(loss) "
         "(litgpt/finetune/lora.py fit); Fabric's precision plugin returns the outputs in fp32 "
-        "(HalfPrecision.convert_output); torch AdamW defaults to foreach on CUDA",
+        "(HalfPrecision.convert_output); torch AdamW defaults to foreach on CUDA; litgpt's own GPT modules "
+        "(fused qkv, GQA keys/values repeat_interleave'd, LoRAQKVLinear's zero_pad; litgpt 0.5.13, checked by "
+        "tests/estimator/test_litgpt.py); FSDP: finetune/lora.py's ModelParallelStrategy(parallelize_fn) is FSDP2 "
+        "fully_shard per checkpoint-wrapped Block and on the root (kept gathered), finetune/full.py, adapter.py and "
+        "pretrain.py Lightning's FSDPStrategy(auto_wrap_policy={Block}) (FSDP1, the root wrapping)",
     ),
     Framework.MEGATRON: FrameworkProfile(
         name=Framework.MEGATRON,
@@ -276,7 +289,9 @@ FRAMEWORKS: dict[Framework, FrameworkProfile] = {
         compiles_loss=False,
         keeps_logits=True,
         adapters_fp32=True,
-        source="DeepSpeed ZeRO: 2 bytes params + (2 bf16 grads + 4 fp32 grads + 12 optimizer) / N (DeepSpeed memory docs)",
+        source="DeepSpeed ZeRO: 2 bytes params + (2 bf16 grads + 4 fp32 grads + 12 optimizer) / N (DeepSpeed memory docs); "
+        "its bucket and ZeRO-3 coordinator sizes as HF's example configs ask for them (resolve/zero.py); ZeRO-3 "
+        "gathers by its PartitionedParameterCoordinator's rules (estimator/zero3.py, deepspeed 0.19.8)",
     ),
 }
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Final
 
-__all__ = ["HF_STYLES", "HfStyle", "NormStyle", "hf_style", "torchtune_style"]
+__all__ = ["HF_STYLES", "HfStyle", "NormStyle", "hf_style", "litgpt_style", "torchtune_style"]
 
 
 class NormStyle:
@@ -78,10 +78,19 @@ class HfStyle:
     residual stream and the MLP input: the layer's input (the caller's loop variable, once
     the layer rebinds ``residual``) in sequential blocks, the attention output in parallel
     blocks (Phi, GPT-NeoX); GPT2Block holds both (``attn_output`` is a local)."""
+    qk_norm_after_values: bool = False
+    """The q/k norms run after all three projections (Gemma 3: ``q_norm`` on the transposed queries
+    once ``v_proj`` has run); False: each right after its projection (Qwen 3 and OLMo 2:
+    ``q_norm(q_proj(x))``). Where the layer's tensors are made, not how many
+    (:mod:`vramlens.estimator.layer_script`)."""
     rope_sets: int = 1
     """Rotary (cos, sin) tables the model computes once per forward (Gemma 3: local and global)."""
     rope_fp32: bool = False
     """Rotary embeddings are applied in fp32 (Cohere's ``apply_rotary_pos_emb`` up-casts q and k)."""
+    rope_tables_fp32: bool = False
+    """The rotary (cos, sin) tables stay fp32 (OLMo 2's ``Olmo2RotaryEmbedding`` does not cast them to
+    the input's dtype), so ``q * cos``, ``rotate_half(q) * sin`` and their sum are fp32, cast back
+    once both q and k are rotated (:mod:`vramlens.estimator.layer_script`)."""
     router_topk_first: bool = False
     """The MoE router takes the top-k of its logits and softmaxes only those, in the compute dtype
     (gpt-oss ``GptOssTopKRouter``): no expert-wide fp32 probabilities are kept."""
@@ -109,6 +118,11 @@ class HfStyle:
     logits_fp32: bool = False
     """The model's forward returns float32 logits (Nemotron-H: ``self.lm_head(hidden_states).float()``),
     which the loss and the kept ``outputs.logits`` then hold."""
+    lora_fused_qkv: bool = False
+    """LoRA on the queries, keys and values is one adapter on a fused ``qkv`` linear (litgpt's
+    ``LoRAQKVLinear``): one ``lora_A`` (rank x adapted projections) reads the input once, through
+    one dropout, and when some of q, k, v are not adapted ``zero_pad``'s ``index_copy_`` keeps its
+    source, the adapted projections' ``lora_B`` outputs (:func:`vramlens.estimator.saved_parts.fused_qkv_lora_parts`)."""
 
 
 HF_STYLES: Final[dict[str, HfStyle]] = {
@@ -123,12 +137,26 @@ HF_STYLES: Final[dict[str, HfStyle]] = {
     "deepseek_v2": HfStyle(router_fp32=True),
     "deepseek_v3": HfStyle(router_fp32=True),
     "olmo2": HfStyle(
-        norm=NormStyle.RMS_FP32_WEIGHT, pre_attn_norm=False, pre_mlp_norm=False, post_attn_norm=True, post_mlp_norm=True
+        norm=NormStyle.RMS_FP32_WEIGHT,
+        pre_attn_norm=False,
+        pre_mlp_norm=False,
+        post_attn_norm=True,
+        post_mlp_norm=True,
+        rope_tables_fp32=True,
     ),
     "gemma": HfStyle(norm=NormStyle.GEMMA),
     "gemma2": HfStyle(norm=NormStyle.GEMMA, post_attn_norm=True, post_mlp_norm=True, sdpa=False),
-    "gemma3_text": HfStyle(norm=NormStyle.GEMMA, post_attn_norm=True, post_mlp_norm=True, rope_sets=2),
-    "gemma3": HfStyle(norm=NormStyle.GEMMA, post_attn_norm=True, post_mlp_norm=True, rope_sets=2, training_cache=True),
+    "gemma3_text": HfStyle(
+        norm=NormStyle.GEMMA, post_attn_norm=True, post_mlp_norm=True, rope_sets=2, qk_norm_after_values=True
+    ),
+    "gemma3": HfStyle(
+        norm=NormStyle.GEMMA,
+        post_attn_norm=True,
+        post_mlp_norm=True,
+        rope_sets=2,
+        training_cache=True,
+        qk_norm_after_values=True,
+    ),
     "phi": HfStyle(norm=NormStyle.LAYERNORM, pre_mlp_norm=False, out_proj_copy=True),
     "gpt2": HfStyle(norm=NormStyle.LAYERNORM, eager_softmax_fp32=False, held_embeddings=2, mlp_held=2),
     "gpt_neox": HfStyle(norm=NormStyle.LAYERNORM, out_proj_copy=True, qkv_views=True),
@@ -178,6 +206,30 @@ def torchtune_style(style: HfStyle) -> HfStyle:
     torchtune 0.6.1's recipes on CPU (tests/estimator/test_trainer_torchtune.py)."""
     norm = NormStyle.TORCHTUNE if style.norm == NormStyle.RMS else style.norm
     return replace(style, norm=norm, kv_repeat=True, rope_buffer=True)
+
+
+def litgpt_style(style: HfStyle) -> HfStyle:
+    """A family's layer as litgpt's own ``GPT`` builds it (litgpt 0.5.13 ``model.py``/``lora.py``; the
+    ``Block`` of every family), which replaces transformers' classes:
+
+    * one fused ``qkv`` linear whose output is split into views (``CausalSelfAttention.forward``);
+      rotary makes new queries and keys (``torch.cat((q_roped, q[..., rope_n_elem:]))``), so with as
+      many key/value heads as query heads SDPA keeps a value view of the whole fused output; the
+      concatenated queries are contiguous ``(b, heads, s, d)``, SDPA's output follows their layout,
+      and ``y.transpose(1, 2).reshape(...)`` before the output projection copies (as Glm4Moe's);
+    * keys and values ``repeat_interleave``'d to every query head whenever there are fewer key/value
+      heads (training: ``input_pos`` is None), a copy SDPA keeps;
+    * LoRA on q, k, v as one ``LoRAQKVLinear`` (:attr:`HfStyle.lora_fused_qkv`);
+    * SDPA with ``is_causal`` and no mask outside sliding-window layers, whatever the family
+      (transformers' Falcon hands SDPA a mask: ``sdpa_mask``);
+    * its ``RMSNorm`` multiplies the fp32 normalized tensor by ``weight.float()`` before casting back,
+      so a trained norm keeps the fp32 product (as OLMo 2's); a LayerNorm family's is ``nn.LayerNorm``.
+
+    Checked with saved-tensor hooks and a tracked ``fit`` loop on CPU (tests/estimator/test_litgpt.py)."""
+    norm = NormStyle.RMS_FP32_WEIGHT if style.norm in (NormStyle.RMS, NormStyle.GEMMA) else style.norm
+    return replace(
+        style, norm=norm, kv_repeat=True, qkv_views=True, lora_fused_qkv=True, out_proj_copy=True, sdpa_mask=False
+    )
 
 
 def hf_style(model_type: str) -> HfStyle:

@@ -18,6 +18,7 @@ a LoRA target or quantization skip entry naming a layer by index.
 from __future__ import annotations
 
 import functools
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +33,17 @@ _INDEX_ATTRIBUTES = frozenset({"layer_idx", "layer_id", "layer_index", "layer_nu
 _TREE_ATTRIBUTES = frozenset({"_parameters", "_buffers", "_modules", "training"})
 #: Longest repeating unit looked for (Gemma 3: five sliding layers and a global one).
 MAX_PERIOD = 12
+#: Types whose values are their own key in :func:`_value_key`.
+_PLAIN_TYPES = frozenset({type(None), bool, int, float, str})
+#: Key of an empty container of each type, as :func:`_value_key`'s general rules make it.
+_EMPTY_KEYS: dict[type, tuple[str, tuple[()]]] = {
+    dict: ("map", ()),
+    OrderedDict: ("map", ()),
+    list: ("seq", ()),
+    tuple: ("seq", ()),
+    set: ("set", ()),
+    frozenset: ("set", ()),
+}
 #: Names of multimodal towers, whose layer lists are not the decoder's.
 _TOWERS = ("vision", "visual", "audio")
 
@@ -223,7 +235,15 @@ def _signature(layer: Any) -> tuple[Any, ...]:
 
 def _value_key(value: Any) -> Any:
     """A comparable stand-in for an attribute value: plain values as they are, containers by
-    their items, functions by name, tensors by shape and dtype, other objects by identity."""
+    their items, functions by name, tensors by shape and dtype, other objects by identity.
+    Exact plain types and empty containers (most of a module's attributes: numbers and its
+    empty hook tables) are answered first, with the value the general rules below give them."""
+    kind = type(value)
+    if kind in _PLAIN_TYPES:
+        return value
+    empty = _EMPTY_KEYS.get(kind)
+    if empty is not None and not value:
+        return empty
     if value is None or isinstance(value, bool | int | float | str):
         return value
     if isinstance(value, list | tuple):

@@ -22,8 +22,9 @@ class NumberRange:
     """Why the bound is where it is (for ``docs/limits.md``)."""
 
     def holds(self, value: float) -> bool:
-        """Whether ``value`` is finite and within the range."""
-        if not math.isfinite(value):
+        """Whether ``value`` is finite and within the range (an ``int`` of any size compares
+        exactly; ``math.isfinite`` would overflow on one beyond a float)."""
+        if not isinstance(value, int) and not math.isfinite(value):
             return False
         above = value > self.low if self.low_open else value >= self.low
         below = value < self.high if self.high_open else value <= self.high

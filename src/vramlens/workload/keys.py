@@ -119,6 +119,11 @@ def _tokens(low: int) -> NumberRange:
     return NumberRange(low=low, high=2**24, why=_TOKENS)
 
 
+def _elements(low: int) -> NumberRange:
+    """A DeepSpeed ZeRO size in elements (its defaults are 5e8 and 1e9)."""
+    return NumberRange(low=low, high=2**40, why="2**40 elements; DeepSpeed's defaults are 5e7 to 1e9")
+
+
 def _degree() -> NumberRange:
     return NumberRange(low=1, high=2**16, why=_DEGREE)
 
@@ -208,6 +213,18 @@ KEYS: Final[tuple[Key, ...]] = (
     Key(path="parallel.cp", kind=I, range=_degree(), help="context-parallel degree (sequence split across ranks)"),
     Key(path="parallel.ep", kind=I, range=_degree(), help="expert-parallel degree (experts split across ranks)"),
     Key(path="parallel.offload", kind=C, values=o.Offload, help="CPU offload of optimizer state (and parameters)"),
+    Key(path="parallel.reduce_bucket_size", kind=I, unit="elements", nullable=True, since=V01, range=_elements(1),
+        help="DeepSpeed ZeRO reduce_bucket_size; none: hidden_size**2, as HF Trainer fills auto"),
+    Key(path="parallel.stage3_prefetch_bucket_size", kind=I, unit="elements", nullable=True, since=V01,
+        range=_elements(0), help="DeepSpeed ZeRO-3 prefetch bucket (0: no prefetch); none: 0.9 x hidden_size**2 (HF auto)"),
+    Key(path="parallel.stage3_max_live_parameters", kind=I, unit="elements", nullable=True, since=V01,
+        range=_elements(0), help="DeepSpeed ZeRO-3: gathered parameters the prefetch stops at; none: 1e9 (DeepSpeed's)"),
+    Key(path="parallel.stage3_max_reuse_distance", kind=I, unit="elements", nullable=True, since=V01,
+        range=_elements(0), help="DeepSpeed ZeRO-3: a parameter reused within this many is kept gathered; none: 1e9"),
+    Key(path="parallel.stage3_param_persistence_threshold", kind=I, unit="elements", nullable=True, since=V01,
+        range=_elements(0), help="DeepSpeed ZeRO-3: tensors this small stay gathered; none: 10 x hidden_size (HF auto)"),
+    Key(path="parallel.sub_group_size", kind=I, unit="elements", nullable=True, since=V01, range=_elements(1),
+        help="DeepSpeed ZeRO-3: partition elements the optimizer steps at once; none: 1e9 (DeepSpeed's)"),
 )  # fmt: skip
 
 

@@ -40,7 +40,7 @@ def check_range(
         raise InputError(f"{key}: must be {kind}, got {brief(value)}")
     if bounds.holds(value):
         return
-    if not math.isfinite(value):
+    if not isinstance(value, int) and not math.isfinite(value):  # an int of any size compares exactly
         raise InputError(f"{key}: must be a finite number, got {brief(value)}")
     low = value <= bounds.low if bounds.low_open else value < bounds.low
     if low:

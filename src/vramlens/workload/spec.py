@@ -49,6 +49,15 @@ _INTEGER_KEYS = (
 )  # fmt: skip
 
 
+#: DeepSpeed ZeRO's sizes in :class:`Parallelism` (elements; None: the defaults of :mod:`vramlens.resolve.zero`).
+_ZERO_SIZES = (
+    "reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_max_live_parameters", "stage3_max_reuse_distance",
+    "stage3_param_persistence_threshold", "sub_group_size",
+)  # fmt: skip
+#: The sizes only ZeRO-3 reads.
+_ZERO3_ONLY = frozenset(name for name in _ZERO_SIZES if name != "reduce_bucket_size")
+
+
 def _check(condition: bool, message: str) -> None:
     if not condition:
         raise InputError(message)
@@ -106,12 +115,25 @@ class Parallelism:
     """Expert-parallel degree (experts split across ranks)."""
     offload: Offload = Offload.NONE
     """CPU offload of optimizer state (and parameters)."""
+    reduce_bucket_size: int | None = None
+    """DeepSpeed ZeRO's ``reduce_bucket_size`` (elements); None: what HF Trainer fills for ``auto``."""
+    stage3_prefetch_bucket_size: int | None = None
+    """DeepSpeed ZeRO-3's ``stage3_prefetch_bucket_size`` (elements); None: HF Trainer's ``auto``."""
+    stage3_max_live_parameters: int | None = None
+    """DeepSpeed ZeRO-3's ``stage3_max_live_parameters`` (elements); None: DeepSpeed's default."""
+    stage3_max_reuse_distance: int | None = None
+    """DeepSpeed ZeRO-3's ``stage3_max_reuse_distance`` (elements); None: DeepSpeed's default."""
+    stage3_param_persistence_threshold: int | None = None
+    """DeepSpeed ZeRO-3's ``stage3_param_persistence_threshold`` (elements); None: HF Trainer's ``auto``."""
+    sub_group_size: int | None = None
+    """DeepSpeed ZeRO-3's ``sub_group_size`` (elements); None: DeepSpeed's default."""
 
     def __post_init__(self) -> None:
         for name in ("gpus", "tp", "pp", "cp", "ep"):
             check_range(f"parallel.{name}", getattr(self, name))
         if self.shard_degree is not None:
             check_range("parallel.shard_degree", self.shard_degree)
+        self._check_zero_sizes()
         model_parallel = self.tp * self.pp * self.cp
         _check(
             self.gpus % model_parallel == 0,
@@ -149,6 +171,20 @@ class Parallelism:
             self.offload is not Offload.OPTIMIZER_PARAMS or self.shard in (Shard.ZERO3, Shard.FSDP, Shard.HSDP),
             "parallel.offload: 'optimizer+params' needs parameter sharding (parallel.shard zero3, fsdp or hsdp)",
         )
+
+    def _check_zero_sizes(self) -> None:
+        """DeepSpeed's sizes: in range, and only under the ZeRO stage that reads them."""
+        for name in _ZERO_SIZES:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            check_range(f"parallel.{name}", value)
+            stages = (Shard.ZERO3,) if name in _ZERO3_ONLY else (Shard.ZERO1, Shard.ZERO2, Shard.ZERO3)
+            _check(
+                self.shard in stages,
+                f"parallel.{name}: a DeepSpeed ZeRO setting, read with parallel.shard "
+                f"{' or '.join(str(s) for s in stages)}, not '{self.shard}'",
+            )
 
     @property
     def dp(self) -> int:

@@ -65,7 +65,9 @@ HAND_MADE: dict[str, tuple[str, Workload]] = {
         "deepspeed",
         Workload(
             model=GIVEN_MODEL, framework=Framework.DEEPSPEED, batch=2, grad_accum=4, precision=Precision.MIXED_BF16,
-            parallel=Parallelism(gpus=1, shard=Shard.ZERO3, offload=Offload.OPTIMIZER_PARAMS),
+            parallel=Parallelism(gpus=1, shard=Shard.ZERO3, offload=Offload.OPTIMIZER_PARAMS,
+                                 stage3_max_live_parameters=10**9, stage3_max_reuse_distance=10**9,
+                                 sub_group_size=10**9),
         ),
     ),
     "accelerate-fsdp.yaml": (

@@ -155,9 +155,33 @@ def test_deepspeed_gpus_from_the_batch_and_auto_left_to_flags() -> None:
     assert any("bf16/fp16 enabled auto" in note for note in source.assumptions())
 
 
+def test_deepspeed_zero_sizes_become_the_parallel_keys_of_their_names() -> None:
+    """Numbers (``1e9`` style too) are read, ``auto`` is left to the defaults, stage-3 sizes at stage 2 are noted."""
+    zero3 = parse_run_config(json.dumps({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {
+        "stage": 3, "reduce_bucket_size": "auto", "stage3_max_live_parameters": 1e8,
+        "stage3_max_reuse_distance": "5e8", "stage3_prefetch_bucket_size": 0,
+    }}), origin="ds.json")  # fmt: skip
+    parallel = _keys(zero3).parallel
+    assert (parallel.stage3_max_live_parameters, parallel.stage3_max_reuse_distance) == (10**8, 5 * 10**8)
+    assert parallel.stage3_prefetch_bucket_size == 0 and parallel.reduce_bucket_size is None
+    zero2 = parse_run_config(json.dumps({"zero_optimization": {
+        "stage": 2, "reduce_bucket_size": 2e8, "stage3_max_live_parameters": 1e9,
+    }}), origin="ds.json")  # fmt: skip
+    assert _keys(zero2).parallel.reduce_bucket_size == 2 * 10**8
+    assert any("stage3_max_live_parameters is read at ZeRO stage 3 only" in n for n in zero2.assumptions())
+
+
 @pytest.mark.parametrize(
     ("data", "match"),
     [
+        (
+            {"zero_optimization": {"stage": 3, "stage3_max_live_parameters": -5}},
+            r"^deepspeed zero_optimization.stage3_max_live_parameters: must be an integer >= 0",
+        ),
+        (
+            {"zero_optimization": {"stage": 3, "reduce_bucket_size": "big"}},
+            r"^deepspeed zero_optimization.reduce_bucket_size: must be an integer",
+        ),
         ({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 3}, r"^deepspeed train_batch_size: 10 is not"),
         ({"zero_optimization": {"stage": 4}}, r"^deepspeed zero_optimization.stage: must be 0, 1, 2 or 3"),
         ({"zero_optimization": {"stage": 3, "offload_param": {"device": "gpu"}}}, r"offload_param.device: unknown"),

@@ -89,11 +89,16 @@ def _entry_from_json(raw: Any, filename: str) -> CatalogEntry:
 @cache
 def catalog_entries() -> tuple[CatalogEntry, ...]:
     """Every bundled checkpoint, sorted by name."""
-    entries = []
-    for item in package_data(__name__).iterdir():
-        if item.name.endswith(".json"):
-            entries.append(_entry_from_json(json.loads(item.read_text(encoding="utf-8")), item.name))
-    return tuple(sorted(entries, key=lambda e: _natural_key(e.name)))
+    names = [item.name for item in package_data(__name__).iterdir() if item.name.endswith(".json")]
+    return tuple(sorted(map(_read_entry, names), key=lambda e: _natural_key(e.name)))
+
+
+@cache
+def _read_entry(filename: str) -> CatalogEntry:
+    """The entry of one catalog file (read once: :func:`catalog_entries` and :func:`find_entry`
+    share the object)."""
+    text = package_data(__name__).joinpath(filename).read_text(encoding="utf-8")
+    return _entry_from_json(json.loads(text), filename)
 
 
 def _natural_key(name: str) -> tuple[object, ...]:
@@ -111,8 +116,19 @@ def _index() -> dict[str, CatalogEntry]:
 
 
 def find_entry(name: str) -> CatalogEntry | None:
-    """The entry whose name, HF id or alias matches ``name`` (case-insensitive), or None."""
-    return _index().get(name.strip().lower())
+    """The entry whose name, HF id or alias matches ``name`` (case-insensitive), or None.
+    A catalog name is found from its own file (each file is named after its entry, and no
+    key names two entries: tests/model/test_catalog.py), without reading the other files."""
+    key = name.strip().lower()
+    if _FILE_NAME.fullmatch(key) and package_data(__name__).joinpath(f"{key}.json").is_file():
+        entry = _read_entry(f"{key}.json")
+        if entry.name.lower() == key:
+            return entry
+    return _index().get(key)
+
+
+#: Keys that may be a catalog file's name (no path separators).
+_FILE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
 
 
 _SIZE = re.compile(r"(?<![a-z0-9.])((?:\d+x)?\d+(?:\.\d+)?)([bm])(?![a-z0-9])")
@@ -163,5 +179,6 @@ def suggest_names(name: str, limit: int = 3) -> list[str]:
 
 @cache
 def _spec_for(name: str) -> ModelSpec:
-    entry = _index()[name.lower()]
+    entry = find_entry(name)
+    assert entry is not None, name  # only entries' own names come here
     return parse_config(entry.config, source=f"catalog:{entry.name}", name=entry.name, hf_id=entry.hf_id)

@@ -37,7 +37,14 @@ _TOP_IGNORED: Final = frozenset({
     "aio", "elasticity", "autotuning", "monitor_config", "steps_per_print_interval", "sparse_gradients",
     "disable_allgather", "timers", "seed",
 })  # fmt: skip
-_ZERO_USED: Final = frozenset({"stage", "offload_optimizer", "offload_param", "cpu_offload", "cpu_offload_params"})
+#: DeepSpeed's ZeRO sizes the estimator models, each a ``parallel`` key of the same name ("auto": HF Trainer's fill).
+_ZERO_SIZES: Final = (
+    "reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_max_live_parameters", "stage3_max_reuse_distance",
+    "stage3_param_persistence_threshold", "sub_group_size",
+)  # fmt: skip
+_ZERO_USED: Final = frozenset(
+    {"stage", "offload_optimizer", "offload_param", "cpu_offload", "cpu_offload_params", *_ZERO_SIZES}
+)
 _ZERO_IGNORED: Final = frozenset({
     "contiguous_gradients", "overlap_comm", "reduce_scatter", "allgather_partitions", "round_robin_gradients",
     "stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save", "elastic_checkpoint",
@@ -164,12 +171,30 @@ def _zero(out: MappingBuilder, zero: Mapping[str, Any], gpus: int | None) -> Non
     if params != "none" and stage < 3:
         out.note(f"offload_param is used by ZeRO stage 3 only; ignored at stage {stage}")
         params = "none"
+    _sizes(out, zero, stage)
     if params != "none" and optimizer == "none":
         out.not_modelled("zero_optimization.offload_param", params, "parameters offloaded without the optimizer")
     elif optimizer != "none":
         value = "optimizer+params" if params != "none" else "optimizer"
         why = "NVMe offload: nothing of it stays on the GPU, as with the CPU" if "nvme" in (optimizer, params) else ""
         out.set("parallel.offload", value, "zero_optimization.offload_*", shown=f"{optimizer}/{params}", why=why)
+
+
+def _sizes(out: MappingBuilder, zero: Mapping[str, Any], stage: int) -> None:
+    """The ZeRO sizes the estimator reads (elements; ``1e9`` style numbers accepted); ``"auto"`` and
+    the stage-3 ones at another stage are left to the defaults (:mod:`vramlens.resolve.zero`)."""
+    for key in _ZERO_SIZES:
+        raw = zero.get(key)
+        if raw is None or _auto(raw):
+            continue
+        stage3 = key != "reduce_bucket_size"
+        if (stage3 and stage != 3) or stage == 0:
+            out.note(f"zero_optimization.{key} is read at ZeRO stage {'3' if stage3 else '1-3'} "
+                     f"only; ignored at stage {stage}")  # fmt: skip
+            continue
+        out.set(
+            f"parallel.{key}", as_int(f"{NAME} zero_optimization.{key}", raw), f"zero_optimization.{key}", shown=raw
+        )
 
 
 def _optimizer(out: MappingBuilder, block: Any) -> None:

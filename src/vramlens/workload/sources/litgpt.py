@@ -4,9 +4,11 @@ As ``litgpt/finetune/lora.py`` and ``full.py`` read it: ``checkpoint_dir`` names
 (``checkpoints/<org>/<name>``); ``precision`` is a Lightning string (``bf16-true`` pure bf16,
 ``bf16-mixed`` autocast over fp32 weights, ``16-true``, ``16-mixed``, ``32-true``); ``quantize``
 ``bnb.nf4`` / ``bnb.nf4-dq`` / ``bnb.int8`` freezes a quantized base (with LoRA: QLoRA);
-``devices`` x ``num_nodes`` processes, and with more than one the scripts use
-``FSDPStrategy(activation_checkpointing_policy={Block}, cpu_offload=False)`` - sharded and
-checkpointed; ``train.micro_batch_size``, ``train.global_batch_size`` (accumulation is
+``devices`` x ``num_nodes`` processes, and with more than one the scripts shard one unit per
+``Block`` and checkpoint every Block: ``finetune_lora`` with Fabric's ``ModelParallelStrategy``
+(``parallelize_fn``: FSDP2 ``fully_shard`` per checkpoint-wrapped Block and on the root),
+``finetune_full`` with ``FSDPStrategy(auto_wrap_policy={Block}, activation_checkpointing_policy={Block},
+cpu_offload=False)`` (FSDP1; the estimator's litgpt profile tells them apart by the method); ``train.micro_batch_size``, ``train.global_batch_size`` (accumulation is
 ``global / (devices x num_nodes) / micro``), ``train.max_seq_length``; ``lora_query``,
 ``lora_key``, ``lora_value``, ``lora_projection``, ``lora_mlp``, ``lora_head``.
 """
@@ -142,12 +144,17 @@ def _devices(out: MappingBuilder, data: Mapping[str, Any]) -> int:
         raise out.fail("quantize", "litgpt supports quantization on one device only (devices: 1)")
     out.set("parallel.gpus", processes, "devices x num_nodes", shown=f"{devices} x {nodes}")
     if processes > 1:
+        out.set("parallel.shard", "fsdp", "devices", shown=devices, why="litgpt shards over more than one device")
         out.set(
-            "parallel.shard", "fsdp", "devices", shown=devices, why="litgpt's FSDPStrategy for more than one device"
+            "fsdp_wrap",
+            "root",
+            "devices",
+            shown=devices,
+            why="one unit per Block, the rest in the root (finetune_lora: FSDP2 fully_shard; "
+            "finetune_full: Lightning's FSDPStrategy, FSDP1)",
         )
-        out.set("fsdp_wrap", "root", "devices", shown=devices, why="Lightning FSDP (FSDP1): one unit per Block")
         out.set(
-            "recompute", "full", "devices", shown=devices, why="FSDPStrategy(activation_checkpointing_policy={Block})"
+            "recompute", "full", "devices", shown=devices, why="finetune_lora and finetune_full checkpoint every Block"
         )
     return processes
 
