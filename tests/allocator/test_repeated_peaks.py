@@ -1,5 +1,5 @@
 """``repeated_peaks``: a run of identical blocks stops once a copy leaves the allocator as the copy
-before it did (``CachingAllocatorModel.state_key``), and the peaks are those of the whole run for
+before it did (``ReplayingPattern.state_key``: the fast replay's, or ``CachingAllocatorModel``'s with expandable segments), and the peaks are those of the whole run for
 every count at least the copies it replayed; checked against ``pattern_peaks`` of the events
 written out, on random patterns under every allocator setting."""
 
@@ -10,7 +10,8 @@ import random
 import pytest
 
 from vramlens.allocator import AllocatorSettings
-from vramlens.allocator.pattern import Pattern, Repeat, pattern_peaks, repeated_peaks
+from vramlens.allocator.pattern import Pattern, Repeat, pattern_peaks
+from vramlens.allocator.replaying import repeated_peaks
 
 MiB = 1 << 20
 SETTINGS = {

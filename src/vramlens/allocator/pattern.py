@@ -18,7 +18,7 @@ from vramlens.allocator._caching import CachingAllocatorModel
 from vramlens.allocator._replay import AllocatorSettings
 from vramlens.allocator.streams import Stream
 
-__all__ = ["Event", "Pattern", "PatternPeaks", "Repeat", "pattern_peaks", "repeated_peaks"]
+__all__ = ["Event", "Pattern", "PatternPeaks", "Repeat", "pattern_peaks"]
 
 _DEFAULT = AllocatorSettings()
 #: One event: ``(bytes, key, stream)`` allocates, ``(-1, key, 0)`` frees (see :class:`Pattern`).
@@ -130,35 +130,7 @@ def pattern_peaks(pattern: Pattern, settings: AllocatorSettings | None = None) -
 @dataclass(frozen=True, slots=True)
 class Repeat:
     """``count`` copies in a row of ``events``, which free every block they allocate (so the copies
-    may use the same keys)."""
+    may use the same keys): replayed by :func:`vramlens.allocator.replaying.repeated_peaks`."""
 
     events: tuple[Event, ...]
     count: int
-
-
-def repeated_peaks(
-    parts: Sequence[Sequence[Event] | Repeat], settings: AllocatorSettings | None = None
-) -> tuple[PatternPeaks, tuple[int | None, ...]]:
-    """Replay events and runs of copies (:class:`Repeat`), in order; the peaks, and for each run the
-    copies replayed before one left the allocator as the copy before it had (None if none did).
-
-    A run stops there: every later copy starts from that same state, makes the same requests,
-    reaches the same peaks and leaves the same state, so it changes nothing
-    (:meth:`~vramlens.allocator._caching.CachingAllocatorModel.state_key`). The peaks are then those
-    of any count of copies at least the number returned."""
-    model, live = _model(settings), dict[int, object]()
-    peaks, converged = (0, 0), list[int | None]()
-    for part in parts:
-        if not isinstance(part, Repeat):
-            peaks = _replay(model, live, part, peaks)
-            continue
-        before, found = model.state_key(), None
-        for copy in range(1, part.count + 1):
-            peaks = _replay(model, live, part.events, peaks)
-            after = model.state_key()
-            if after == before:
-                found = copy
-                break
-            before = after
-        converged.append(found)
-    return PatternPeaks(allocated_bytes=peaks[0], reserved_bytes=peaks[1]), tuple(converged)

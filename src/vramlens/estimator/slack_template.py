@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from operator import attrgetter
 
 from vramlens.allocator import AllocatorSettings
-from vramlens.allocator.pattern import Repeat, repeated_peaks
+from vramlens.allocator.pattern import Repeat
+from vramlens.allocator.replaying import repeated_peaks
 from vramlens.estimator.logits import LogitsMemory
 from vramlens.estimator.size_symbols import UNAVAILABLE, Linear, sized_context, symbols
 from vramlens.estimator.stage_memory import SIZED_QUANTITIES, StageMemory
@@ -119,7 +120,7 @@ class VocabularyTemplate:
 @dataclass(frozen=True, slots=True)
 class _Result:
     """A replayed slack, the copies of each run it was replayed with, and from how many copies of
-    each run on it holds (None: for that count only; :func:`~vramlens.allocator.pattern.repeated_peaks`)."""
+    each run on it holds (None: for that count only; :func:`~vramlens.allocator.replaying.repeated_peaks`)."""
 
     slack_bytes: int
     counts: tuple[int, ...]
