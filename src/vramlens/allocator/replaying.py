@@ -149,6 +149,7 @@ class FixedSegmentReplay(ReplayingPattern):
         "_max_split",
         "_next_address",
         "_non_split_rounding",
+        "_plain",
         "_pools",
         "_reserved",
         "_rounded",
@@ -158,6 +159,8 @@ class FixedSegmentReplay(ReplayingPattern):
     def __init__(self, settings: AllocatorSettings) -> None:
         super().__init__()
         self._divisions = settings.divisions_by_interval()
+        self._plain = all(divisions <= 1 for divisions in self._divisions)
+        """No interval divided (PyTorch's default): ``round_size`` is the next multiple of 512 B."""
         max_split = settings.max_split_size_bytes
         self._max_split = SIZE_MAX if max_split is None else max_split
         self._non_split_rounding = settings.max_non_split_rounding_bytes
@@ -214,9 +217,16 @@ class FixedSegmentReplay(ReplayingPattern):
             return -1
         key = self._next
         self._next = key + 1
-        size = self._rounded.get(nbytes)  # _request, written out
-        if size is None:
-            size = self._rounded[nbytes] = round_request(int(nbytes), self._divisions)
+        if self._plain:  # round_request without divisions, written out
+            size = (
+                -(-int(nbytes) // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE
+                if nbytes > K_MIN_BLOCK_SIZE
+                else K_MIN_BLOCK_SIZE
+            )
+        else:  # _request, written out
+            size = self._rounded.get(nbytes)
+            if size is None:
+                size = self._rounded[nbytes] = round_request(int(nbytes), self._divisions)
         small = size <= K_SMALL_SIZE
         pool = self._pools.get(2 * stream + small)
         if pool is None:
