@@ -224,9 +224,10 @@ class FixedSegmentReplay(ReplayingPattern):
                 else K_MIN_BLOCK_SIZE
             )
         else:  # _request, written out
-            size = self._rounded.get(nbytes)
-            if size is None:
-                size = self._rounded[nbytes] = round_request(int(nbytes), self._divisions)
+            known = self._rounded.get(nbytes)
+            if known is None:
+                known = self._rounded[nbytes] = round_request(int(nbytes), self._divisions)
+            size = known
         small = size <= K_SMALL_SIZE
         pool = self._pools.get(2 * stream + small)
         if pool is None:
