@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import gc
 import json
+import weakref
 from typing import Any
 
 import pytest
@@ -111,3 +113,30 @@ def test_a_presented_report_keeps_the_frozen_dataclass_api() -> None:
     assert dataclasses.replace(later, gpu=None).allocated_bytes == made.allocated_bytes
     with pytest.raises(dataclasses.FrozenInstanceError):
         later.allocated_bytes = 1  # type: ignore[misc]
+
+
+def test_a_dropped_fast_report_is_freed_at_once_and_its_kept_phases_still_give_their_terms() -> None:
+    """No reference cycle keeps a fast report alive for the garbage collector (a planner's sweep makes
+    thousands), and a phase kept without its report makes its terms from the report made term by term."""
+    spec = copy.copy(load_model("llama-3.1-8b"))
+    spec.__dict__.pop("derived_cache", None)
+    data = {"method": "lora", "parallel": {"gpus": 8, "shard": "zero3"}, "recompute": "full"}
+    sizes = {"batch": 3, "seq": 1024 + 128}
+    for i in range(2):
+        _report(spec, {**data, "batch": 1 + i, "seq": 1024 + 64 * i})
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        fast = _report(spec, {**data, **sizes})
+        assert hasattr(type(fast), "presented")
+        kept, gone = fast.phases[-1], weakref.ref(fast)
+        del fast
+        assert gone() is None
+    finally:
+        if collecting:
+            gc.enable()
+    cold = load_model("llama-3.1-8b")
+    cold.derived_cache.clear()
+    made = _report(cold, {**data, **sizes}).phases[-1]
+    assert [term.to_dict() for term in kept.terms] == [term.to_dict() for term in made.terms]
+    assert kept.breakdown == made.breakdown

@@ -13,6 +13,7 @@ guards do not hold for a workload, the estimate is made term by term, and its tr
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING
@@ -104,18 +105,20 @@ class FastEstimate:
                 "capacity_bytes": gpu.memory_bytes if gpu else None,
             },
         )
-        made.fast = report
+        made.fast = weakref.ref(report)
         return report
 
 
 class _Made:
-    """The report made term by term for a fast one, once (its terms and the phases')."""
+    """The report made term by term for a fast one, once (its terms and the phases'). It holds the
+    fast report weakly: the report holds it (and its phases do), and a cycle would leave every
+    report to the garbage collector instead of freeing it when the caller drops it."""
 
     __slots__ = ("ctx", "fast", "gpu", "made", "plan")
 
     def __init__(self, ctx: TrainingContext, plan: _Plan, gpu: GpuSpec | None) -> None:
         self.ctx, self.plan, self.gpu = ctx, plan, gpu
-        self.fast: MemoryReport | None = None
+        self.fast: weakref.ref[MemoryReport] | None = None
         self.made: MemoryReport | None = None
 
     def report(self) -> MemoryReport:
@@ -124,8 +127,10 @@ class _Made:
         return self.made
 
     def terms(self, phase: int) -> list[Term]:
-        """Phase ``phase``'s terms, from the fast report's presentation (which checks its figures)."""
-        presented = self.fast.presented()  # type: ignore[union-attr]
+        """Phase ``phase``'s terms, from the fast report's presentation (which checks its figures), or
+        from the report made term by term once the fast one is gone (the phase checks their sum)."""
+        fast = self.fast() if self.fast is not None else None
+        presented = fast.presented() if fast is not None else self.report()  # type: ignore[attr-defined]
         return list(presented.phases[phase].terms)
 
 
