@@ -32,6 +32,7 @@ checked against (``tests/estimator/test_reserved.py``). The reserved margin (``s
 from __future__ import annotations
 
 import dataclasses
+import operator
 from functools import lru_cache
 from typing import Any, Final
 
@@ -206,7 +207,7 @@ def training_slack(
     key = (settings.expandable_segments, sharded)
     churn = layer_churn(mem)
     spread = int(LAYER_SLACK_SPREAD[key] * sum(churn))
-    layers = int(sum(f * c for f, c in zip(LAYER_SLACK_FRACTION[key], churn, strict=True)))
+    layers = int(sum(map(operator.mul, LAYER_SLACK_FRACTION[key], churn)))  # fraction x churn, summed in order
     template = _template(ctx, mem, targets, micro_steps, settings)
     if template is not None:
         vocabulary = template.slack(ctx, mem, settings)  # type: ignore[attr-defined]
