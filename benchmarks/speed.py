@@ -21,7 +21,11 @@ computes the same model shape (``upstage_Llama-2-70b-instruct-v2``) as a full fi
 32 ranks: the same formulas run whatever the rank count. Cached on vramlens's side: the
 resolved model (as a planner holds it) and the per-model pieces the estimator memoises; each
 call computes the report for its workload (``estimate`` keeps no cache of whole reports, and no
-workload comes twice). The workloads are built before each timed round (``dataclasses.replace``
+workload comes twice): every figure (the phases' bytes and breakdowns, the allocator slack, the
+reserved, device and safe levels, whether it fits), with the terms, formulas and notes made when
+first read, which a sweep does not (``estimator/fast_estimate.py``; llm-analysis returns no
+formulas either). An allocator slack is replayed once per distinct token count, about one call
+in four here. The workloads are built before each timed round (``dataclasses.replace``
 of one loaded workload, as the capacity search does). llm-analysis builds a new ``LLMAnalysis``
 per call from configs loaded once. Rounds alternate (llm-analysis, vramlens, ...); medians and
 the ratio are printed.

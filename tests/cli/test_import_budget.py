@@ -88,6 +88,7 @@ ALLOWED = frozenset(
         "vramlens.estimator.runtime",
         "vramlens.estimator.saved_parts",
         "vramlens.estimator.stage_memory",
+        "vramlens.estimator.stage_plan",
         "vramlens.estimator.step_layers",
         "vramlens.estimator.step_pattern",
         "vramlens.estimator.step_phases",

@@ -61,6 +61,21 @@ class CachingAllocatorModel:
         self._next_address = K_LARGE_BUFFER
         self._rounded: dict[int, int] = {}
 
+    def state_key(self) -> tuple[object, ...]:
+        """A value that is equal for two states of this model (with the same blocks allocated) only
+        when every later sequence of requests behaves the same from both: the segments (reserved
+        bytes and the next segment's address) and each pool's free blocks and unmapped ranges, by
+        size and address. Blocks are not compared as objects: a segment is partitioned into its
+        allocated blocks, its free blocks and (expandable) its unmapped ranges."""
+        return (
+            self.reserved,
+            self._next_address,
+            tuple(
+                (index, tuple(pool.keys), tuple((block.addr, block.size) for block in pool.unmapped))
+                for index, pool in self._pools.items()
+            ),
+        )
+
     def pools(self) -> list[Pool]:
         """All pools created so far, large pools first (the order ``release_cached_blocks`` uses)."""
         return sorted(self._pools.values(), key=lambda pool: (pool.small, pool.stream))

@@ -35,7 +35,6 @@ from vramlens.allocator._blocks import (
     round_request,
 )
 from vramlens.allocator._caching import CachingAllocatorModel
-from vramlens.allocator._drive import drive
 
 if TYPE_CHECKING:
     import numpy as np
@@ -206,6 +205,8 @@ def replay(
         expandable=chosen.expandable_segments,
         capacity=chosen.capacity_bytes,
     )
+    from vramlens.allocator._drive import drive  # the snapshot replay's loop; an estimate never loads it
+
     allocated, reserved, ooms = drive(model, size_list, key_list, stream_list)
     return _result(allocated, reserved, ooms, model.segments_created)
 

@@ -11,15 +11,18 @@ arrays: a pattern has hundreds of events, and the estimator replays one per esti
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from vramlens.allocator._caching import CachingAllocatorModel
 from vramlens.allocator._replay import AllocatorSettings
 from vramlens.allocator.streams import Stream
 
-__all__ = ["Pattern", "PatternPeaks", "pattern_peaks"]
+__all__ = ["Event", "Pattern", "PatternPeaks", "Repeat", "pattern_peaks"]
 
 _DEFAULT = AllocatorSettings()
+#: One event: ``(bytes, key, stream)`` allocates, ``(-1, key, 0)`` frees (see :class:`Pattern`).
+Event = tuple[int, int, int]
 
 
 class Pattern:
@@ -37,7 +40,15 @@ class Pattern:
         self._next = 0
 
     def alloc(self, nbytes: int, stream: int = Stream.DEFAULT) -> int:
-        """Allocate ``nbytes`` (int >= 0) on ``stream``; returns the key to free it with."""
+        """Allocate ``nbytes`` (int >= 0) on ``stream``; returns the key to free it with. A symbolic
+        size (an object whose ``symbolic`` is true, :class:`vramlens.estimator.size_symbols.Linear`)
+        is recorded as it is, whatever it will be: a pattern of such sizes is a template whose
+        non-positive requests are dropped, with their frees, when it is given values."""
+        if type(nbytes) is not int and getattr(nbytes, "symbolic", False):
+            key = self._next
+            self._next += 1
+            self.events.append((nbytes, key, int(stream)))
+            return key
         if nbytes <= 0:
             return -1
         key = self._next
@@ -78,20 +89,23 @@ class PatternPeaks:
         return self.reserved_bytes - self.allocated_bytes
 
 
-def pattern_peaks(pattern: Pattern, settings: AllocatorSettings | None = None) -> PatternPeaks:
-    """Replay ``pattern`` through the caching-allocator model (one device, each allocation on its
-    stream, no capacity limit) and return its peaks. Frees of unknown keys are ignored."""
+def _model(settings: AllocatorSettings | None) -> CachingAllocatorModel:
     chosen = settings or _DEFAULT
-    model = CachingAllocatorModel(
+    return CachingAllocatorModel(
         divisions_by_interval=chosen.divisions_by_interval(),
         max_split_size=chosen.max_split_size_bytes,
         max_non_split_rounding=chosen.max_non_split_rounding_bytes,
         expandable=chosen.expandable_segments,
     )
-    live: dict[int, object] = {}
+
+
+def _replay(
+    model: CachingAllocatorModel, live: dict[int, object], events: Sequence[Event], peaks: tuple[int, int]
+) -> tuple[int, int]:
+    """Run ``events`` on ``model`` (``live``: the blocks by key); the peaks (allocated, reserved) so far."""
     malloc, release = model.malloc, model.free
-    peak_allocated = peak_reserved = 0
-    for nbytes, key, stream in pattern.events:
+    peak_allocated, peak_reserved = peaks
+    for nbytes, key, stream in events:
         if nbytes > 0:
             block = malloc(nbytes, stream)
             live[key] = block
@@ -103,4 +117,20 @@ def pattern_peaks(pattern: Pattern, settings: AllocatorSettings | None = None) -
             found = live.pop(key, None)
             if found is not None:
                 release(found)  # type: ignore[arg-type]
-    return PatternPeaks(allocated_bytes=peak_allocated, reserved_bytes=peak_reserved)
+    return peak_allocated, peak_reserved
+
+
+def pattern_peaks(pattern: Pattern, settings: AllocatorSettings | None = None) -> PatternPeaks:
+    """Replay ``pattern`` through the caching-allocator model (one device, each allocation on its
+    stream, no capacity limit) and return its peaks. Frees of unknown keys are ignored."""
+    allocated, reserved = _replay(_model(settings), {}, pattern.events, (0, 0))
+    return PatternPeaks(allocated_bytes=allocated, reserved_bytes=reserved)
+
+
+@dataclass(frozen=True, slots=True)
+class Repeat:
+    """``count`` copies in a row of ``events``, which free every block they allocate (so the copies
+    may use the same keys): replayed by :func:`vramlens.allocator.replaying.repeated_peaks`."""
+
+    events: tuple[Event, ...]
+    count: int

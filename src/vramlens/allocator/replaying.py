@@ -22,6 +22,7 @@ to :class:`~vramlens.allocator._caching.CachingAllocatorModel` itself.
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from collections.abc import Sequence
 
 from vramlens.allocator._blocks import (
     K_LARGE_BUFFER,
@@ -37,10 +38,10 @@ from vramlens.allocator._blocks import (
 )
 from vramlens.allocator._caching import CachingAllocatorModel
 from vramlens.allocator._replay import AllocatorSettings
-from vramlens.allocator.pattern import Pattern, PatternPeaks
+from vramlens.allocator.pattern import Event, Pattern, PatternPeaks, Repeat
 from vramlens.allocator.streams import Stream
 
-__all__ = ["FixedSegmentReplay", "ModelReplay", "ReplayingPattern", "replaying_pattern"]
+__all__ = ["FixedSegmentReplay", "ModelReplay", "ReplayingPattern", "repeated_peaks", "replaying_pattern"]
 
 _ADDRESS = (1 << KEY_SHIFT) - 1
 _DEFAULT = AllocatorSettings()
@@ -66,6 +67,12 @@ class ReplayingPattern(Pattern):
 
     def free_blocks(self) -> dict[int, list[tuple[int, int]]]:
         """The cached free blocks as (size, address), best fit first, by pool (``2 * stream + small``)."""
+        raise NotImplementedError
+
+    def state_key(self) -> object:
+        """Equal for two states of one replay (with the same blocks allocated) only when every later
+        sequence of requests behaves the same from both
+        (:meth:`~vramlens.allocator._caching.CachingAllocatorModel.state_key`)."""
         raise NotImplementedError
 
 
@@ -113,6 +120,9 @@ class ModelReplay(ReplayingPattern):
     def levels(self) -> tuple[int, int]:
         return self._model.allocated, self._model.reserved
 
+    def state_key(self) -> object:
+        return self._model.state_key()
+
     def free_blocks(self) -> dict[int, list[tuple[int, int]]]:
         found = {
             2 * pool.stream + pool.small: [(block.size, block.addr) for block in pool.blocks]
@@ -139,6 +149,7 @@ class FixedSegmentReplay(ReplayingPattern):
         "_max_split",
         "_next_address",
         "_non_split_rounding",
+        "_plain",
         "_pools",
         "_reserved",
         "_rounded",
@@ -148,6 +159,8 @@ class FixedSegmentReplay(ReplayingPattern):
     def __init__(self, settings: AllocatorSettings) -> None:
         super().__init__()
         self._divisions = settings.divisions_by_interval()
+        self._plain = all(divisions <= 1 for divisions in self._divisions)
+        """No interval divided (PyTorch's default): ``round_size`` is the next multiple of 512 B."""
         max_split = settings.max_split_size_bytes
         self._max_split = SIZE_MAX if max_split is None else max_split
         self._non_split_rounding = settings.max_non_split_rounding_bytes
@@ -204,9 +217,17 @@ class FixedSegmentReplay(ReplayingPattern):
             return -1
         key = self._next
         self._next = key + 1
-        size = self._rounded.get(nbytes)  # _request, written out
-        if size is None:
-            size = self._rounded[nbytes] = round_request(int(nbytes), self._divisions)
+        if self._plain:  # round_request without divisions, written out
+            size = (
+                -(-int(nbytes) // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE
+                if nbytes > K_MIN_BLOCK_SIZE
+                else K_MIN_BLOCK_SIZE
+            )
+        else:  # _request, written out
+            known = self._rounded.get(nbytes)
+            if known is None:
+                known = self._rounded[nbytes] = round_request(int(nbytes), self._divisions)
+            size = known
         small = size <= K_SMALL_SIZE
         pool = self._pools.get(2 * stream + small)
         if pool is None:
@@ -282,7 +303,55 @@ class FixedSegmentReplay(ReplayingPattern):
     def levels(self) -> tuple[int, int]:
         return self._allocated, self._reserved
 
+    def state_key(self) -> object:
+        """The reserved bytes, the next segment's address and each pool's free blocks (size and
+        address): the segments only grow, so equal reserved bytes mean the same segments."""
+        return self._reserved, self._next_address, tuple((number, tuple(pool)) for number, pool in self._pools.items())
+
     def free_blocks(self) -> dict[int, list[tuple[int, int]]]:
         return {
             number: [(key >> KEY_SHIFT, key & _ADDRESS) for key in pool] for number, pool in self._pools.items() if pool
         }
+
+
+def repeated_peaks(
+    parts: Sequence[Sequence[Event] | Repeat], settings: AllocatorSettings | None = None
+) -> tuple[PatternPeaks, tuple[int | None, ...]]:
+    """Replay events and runs of copies (:class:`~vramlens.allocator.pattern.Repeat`) in order, each
+    request as it comes (:func:`replaying_pattern`); the peaks, and for each run the copies replayed
+    before one left the allocator as the copy before it had (None if none did).
+
+    A run stops there: every later copy starts from that same state, makes the same requests,
+    reaches the same peaks and leaves the same state, so it changes nothing
+    (:meth:`ReplayingPattern.state_key`). The peaks are then those of any count of copies at least
+    the number returned (``tests/allocator/test_repeated_peaks.py``: against
+    :func:`~vramlens.allocator.pattern.pattern_peaks` of the copies written out)."""
+    sink, live = replaying_pattern(settings), dict[int, int]()
+    converged = list[int | None]()
+    for part in parts:
+        if not isinstance(part, Repeat):
+            _replay(sink, live, part)
+            continue
+        before, found = sink.state_key(), None
+        for copy in range(1, part.count + 1):
+            _replay(sink, live, part.events)
+            after = sink.state_key()
+            if after == before:
+                found = copy
+                break
+            before = after
+        converged.append(found)
+    return sink.peaks(), tuple(converged)
+
+
+def _replay(sink: ReplayingPattern, live: dict[int, int], events: Sequence[Event]) -> None:
+    """Write ``events`` into ``sink`` (``live``: the sink's key of each event key allocated and not
+    freed; a free of an unknown key is ignored)."""
+    alloc, free = sink.alloc, sink.free
+    for nbytes, key, stream in events:
+        if nbytes > 0:
+            live[key] = alloc(nbytes, stream)
+        else:
+            found = live.pop(key, None)
+            if found is not None:
+                free(found)

@@ -32,6 +32,7 @@ Per token, with ``V`` the vocabulary on this rank and ``a`` the logits dtype byt
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from vramlens.workload.options import LossImpl
 
@@ -138,13 +139,18 @@ def _compiled(tokens: int, v: int, a: int, kept_output: int) -> LogitsMemory:
 def _full(tokens: int, v: int, a: int, kept_output: int, *, softcap: bool) -> LogitsMemory:
     upcast = 0 if a == 4 else 4  # logits.float() is a no-op for fp32 logits
     tanh = a * v if softcap else 0  # the soft-cap's tanh output, kept for backward
-    kept_text = f"+{kept_output // v}" if kept_output else ""
-    cap_text = f" + {a}V soft-cap tanh" if softcap else ""
     return LogitsMemory(
         forward_end=tokens * ((a + upcast + 4) * v + tanh),
         kept=tokens * (4 * v + kept_output + tanh),
         backward_start=tokens * (12 * v + kept_output + tanh),
         outputs=tokens * kept_output,
-        formula=f"full logits: forward tokens x ({a}+{upcast}+4)V, backward start tokens x (12{kept_text})V"
-        f"{cap_text}, V={v}",
+        formula=_full_formula(v, a, upcast, kept_output, softcap),
     )
+
+
+@lru_cache(maxsize=256)
+def _full_formula(v: int, a: int, upcast: int, kept_output: int, softcap: bool) -> str:
+    """The full loss's formula (no token count in it: written once per model and dtypes)."""
+    kept_text = f"+{kept_output // v}" if kept_output else ""
+    cap_text = f" + {a}V soft-cap tanh" if softcap else ""
+    return f"full logits: forward tokens x ({a}+{upcast}+4)V, backward start tokens x (12{kept_text})V{cap_text}, V={v}"

@@ -61,6 +61,15 @@ RUNTIME_SPREAD: Final = {
     "cuda_context_and_kernels": 0,
 }
 _RULES = (Category.ACTIVATIONS, Category.TEMPORARY, Category.INPUTS)
+#: Each margin's source (the same text for every estimate).
+_RULES_SOURCE = f"{RULES_FRACTION:.0%} of activations, temporaries and inputs (calibrated, benchmarks/accuracy.py)"
+_NOISE_SOURCE = f"{NOISE_FRACTION:.0%} of allocated (calibrated, benchmarks/accuracy.py)"
+_ALLOCATOR_SOURCES = {
+    sharded: f"{scale:g} x the replays' upper quartile above the fitted slack "
+    "(benchmarks/allocator_fit.py; multiple calibrated, benchmarks/accuracy.py)"
+    for sharded, scale in ALLOCATOR_SPREAD_SCALE.items()
+}
+_RUNTIME_SOURCE = "largest cited value of each runtime part above the one used (estimate/runtime.py)"
 
 
 def safe_levels(
@@ -84,16 +93,11 @@ def safe_levels(
     allocator_spread = int(ALLOCATOR_SPREAD_SCALE[sharded] * allocator_spread)
     noise = int(NOISE_FRACTION * (allocated - pool_bytes))
     margins = (
-        Margin(kind="framework rules", level="allocated", bytes=rules,
-               source=f"{RULES_FRACTION:.0%} of activations, temporaries and inputs (calibrated, benchmarks/accuracy.py)"),
-        Margin(kind="data noise", level="allocated", bytes=noise,
-               source=f"{NOISE_FRACTION:.0%} of allocated (calibrated, benchmarks/accuracy.py)"),
-        Margin(kind="modelled allocator", level="reserved", bytes=allocator_spread,
-               source=f"{ALLOCATOR_SPREAD_SCALE[sharded]:g} x the replays' upper quartile above the fitted slack "
-                      "(benchmarks/allocator_fit.py; multiple calibrated, benchmarks/accuracy.py)"),
-        Margin(kind="measured constants", level="device", bytes=runtime_spread,
-               source="largest cited value of each runtime part above the one used (estimate/runtime.py)"),
-    )  # fmt: skip
+        Margin(kind="framework rules", level="allocated", bytes=rules, source=_RULES_SOURCE),
+        Margin(kind="data noise", level="allocated", bytes=noise, source=_NOISE_SOURCE),
+        Margin(kind="modelled allocator", level="reserved", bytes=allocator_spread, source=_ALLOCATOR_SOURCES[sharded]),
+        Margin(kind="measured constants", level="device", bytes=runtime_spread, source=_RUNTIME_SOURCE),
+    )
     safe_allocated = allocated + rules + noise
     safe_reserved = reserved + rules + noise + allocator_spread
     return SafeLevels(

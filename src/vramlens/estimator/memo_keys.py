@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from operator import attrgetter
 
 from vramlens.resolve.context import TrainingContext
 from vramlens.resolve.kbit import kbit_prepared
@@ -15,6 +16,7 @@ __all__ = ["SIZE_KEYS", "LayoutInputs", "SizeFreeInputs"]
 #: memo is held by, and the GPU, which an estimate only compares with).
 SIZE_KEYS = frozenset({"model", "gpu", "batch", "seq"})
 _SIZE_FREE_KEYS = tuple(f.name for f in fields(Workload) if f.name not in SIZE_KEYS)
+_size_free_values = attrgetter(*_SIZE_FREE_KEYS)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -63,4 +65,4 @@ class SizeFreeInputs:
     @staticmethod
     def workload_keys(workload: Workload) -> tuple[object, ...]:
         """Every workload key but :data:`SIZE_KEYS`."""
-        return tuple(getattr(workload, name) for name in _SIZE_FREE_KEYS)
+        return _size_free_values(workload)

@@ -84,11 +84,10 @@ def base_output_bytes(ctx: TrainingContext) -> int:
     return FP32 if kbit_prepared(ctx.workload, ctx.profile) and ctx.compute_bytes != FP32 else 0
 
 
-def with_head_weight_cast(ctx: TrainingContext, logits: LogitsMemory) -> tuple[LogitsMemory, int]:
-    """``logits`` with the LM head's bf16 weight copy (:func:`head_weight_cast_bytes`) added
-    where it is alive: at the loss, between forward and backward, and while the loss gradient
+def with_head_weight_cast(logits: LogitsMemory, cast: int) -> tuple[LogitsMemory, int]:
+    """``logits`` with the LM head's bf16 weight copy of ``cast`` bytes (:func:`head_weight_cast_bytes`)
+    added where it is alive: at the loss, between forward and backward, and while the loss gradient
     is formed (it is freed by the head's backward, before the layers'); and its bytes."""
-    cast = head_weight_cast_bytes(ctx, ctx.spec.vocab_size // ctx.workload.parallel.tp)
     if not cast:
         return logits, 0
     kept = replace(

@@ -13,21 +13,19 @@ from vramlens.categories import Category
 from vramlens.estimator.autocast_casts import autocast_casts
 from vramlens.estimator.fsdp import Unsharded, fsdp_memory
 from vramlens.estimator.hook_step import hook_step
-from vramlens.estimator.layout import EMBED_NAMES, StageView, effective_quant, micro_batches_in_flight
-from vramlens.estimator.logits_terms import logits_terms
+from vramlens.estimator.layout import StageView, effective_quant, micro_batches_in_flight
 from vramlens.estimator.memo_keys import SizeFreeInputs
 from vramlens.estimator.offload import gradient_buffers
 from vramlens.estimator.optimizers import OptimizerModel, optimizer_model
 from vramlens.estimator.outside_layers import final_norm_per_token, rotary_buffer_bytes, rotary_per_token
 from vramlens.estimator.paged import add_bnb_state
 from vramlens.estimator.qlora import dequantized_bytes
-from vramlens.estimator.recompute import LayerActivations, eager_attention_working, layer_activations, train_state
-from vramlens.estimator.ring_attention import ring_backward_bytes
-from vramlens.estimator.stage_memory import WHOLE_STEP, Formula, StageMemory, Summed, size_free_effect
+from vramlens.estimator.stage_memory import WHOLE_STEP, Formula, StageMemory, Summed, record_effect
+from vramlens.estimator.stage_plan import StagePlan, at_seq, build_at_seq, fill_terms, sized_amounts
 from vramlens.estimator.trl_head import head_input_per_token
 from vramlens.estimator.zero3 import grad_partitions_whole_step
 from vramlens.estimator.zero3_terms import zero3_step_gradients, zero3_unsharded
-from vramlens.model.modules import layer_linears
+from vramlens.resolve._memo import memo
 from vramlens.resolve.context import TrainingContext
 from vramlens.units import format_bytes
 from vramlens.workload.options import Method, Offload, PipelineSchedule, Quant, Recompute, Shard
@@ -159,51 +157,6 @@ def _gradients(ctx: TrainingContext, mem: StageMemory) -> None:
         mem.formulas["layer_grads_bytes"] = f"{stage.layer_elements:,} x {ctx.grad_bytes} B / {d_grad}"
 
 
-def _activations(ctx: TrainingContext, mem: StageMemory, acts: LayerActivations) -> None:
-    """Saved activations of this stage's layers for the micro-batches in flight, plus the recomputed layer."""
-    parallel, stage, tokens = ctx.workload.parallel, mem.stage, ctx.tokens
-    in_flight = (
-        micro_batches_in_flight(parallel.pp_schedule, parallel.pp, ctx.workload.grad_accum) if stage.first else 1
-    )
-    mem.add(
-        "activations (saved for backward)",
-        Category.ACTIVATIONS,
-        acts.saved_per_token * tokens * in_flight,
-        lambda: (
-            f"{acts.saved_per_token:,.0f} B/token x {tokens:,} tokens x {in_flight:g} micro-batch(es) in flight ({stage.layers} layers)"
-        ),
-        into="activations_bytes",
-        alive="from each layer's forward to its backward",
-    )
-    mem.recompute_bytes = int(acts.transient_per_token * tokens)
-    mem.formulas["recompute_bytes"] = lambda: f"{acts.transient_per_token:,.0f} B/token x {tokens:,} tokens"
-    mem.masks_bytes_per_token = acts.masks_per_token
-    mem.mixer_backward_bytes_per_token = acts.mixer_backward_per_token
-    mem.add(
-        "inputs (ids, labels)",
-        Category.INPUTS,
-        16 * tokens,
-        lambda: f"{tokens:,} tokens x 2 int64",
-        into="inputs_bytes",
-        alive=WHOLE_STEP,
-    )
-    rotary = rotary_per_token(ctx) if stage.first else 0
-    # Final norm (sequence-parallel under TP) and the head's input, which a column-parallel
-    # head all-gathers to the full sequence before the matmul.
-    final = (final_norm_per_token(ctx) / parallel.tp + head_input_per_token(ctx)) if stage.last else 0
-    mem.add(
-        "activations outside the layers (final norm, head input, rotary tables)",
-        Category.ACTIVATIONS,
-        (rotary + final) * tokens,
-        lambda: f"{rotary + final:,.0f} B/token",
-        into="non_layer_bytes",
-        alive="from the forward to the end of backward",
-    )
-    mem.notes.extend(acts.notes)
-    if parallel.pp > 1 and parallel.pp_schedule is PipelineSchedule.INTERLEAVED_1F1B:
-        mem.notes.append("pp_schedule interleaved-1f1b: two model chunks per rank assumed")
-
-
 def _unsharded(ctx: TrainingContext, mem: StageMemory) -> None:
     """Parameter sharding's unsharded memory, instant by instant (pipeline parallelism keeps the stage gathered)."""
     parallel = ctx.workload.parallel
@@ -230,63 +183,6 @@ def _dequantized(ctx: TrainingContext, mem: StageMemory) -> None:
         into="dequant_bytes",
         alive="inside one linear",
     )
-
-
-def _working_sets(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str]) -> None:
-    """Intermediates of the layer being computed that nobody keeps (measured on CPU for
-    transformers' Llama layer, see tests/estimator/test_training_hf.py):
-
-    * backward: gradients flowing through the MLP (two ``a*i`` tensors) and the hidden
-      state (two ``a*h``); with recompute the recomputed layer's own tensors are freed as
-      its backward proceeds, leaving ``a*(i + h)``, plus the adapters' output gradient;
-    * forward: the norm's fp32 intermediate and the layer output (``4h + a*h``), or the
-      LoRA adapter sums on the MLP if larger; under recompute nothing is kept, so the
-      MLP's live intermediates (``2*a*i + a*h``) plus the adapter sums;
-    * a state mixer's scan backward (Mamba 1's gradient buffers), beside its layer less what that
-      layer freed before it (``mem.mixer_backward_bytes_per_token``, :func:`vramlens.estimator.recompute.scan_backward_beyond`).
-    """
-    spec, a, tokens, tp = ctx.spec, ctx.compute_bytes, ctx.tokens, ctx.workload.parallel.tp
-    h = spec.hidden_size
-    inner = spec.mlp.intermediate_size if spec.mlp else spec.moe.expert_intermediate_size * spec.moe.experts_per_token  # type: ignore[union-attr]
-    # Full recompute (and offload) keeps no layer's internals: its MLP intermediates are
-    # transient; selective recompute keeps them as saved activations.
-    recompute = ctx.workload.recompute in (Recompute.FULL, Recompute.OFFLOAD) and mem.recompute_bytes > 0
-    adapter_sum, adapter_grad = _adapter_transients(ctx, targets, inner)
-    backward = a * (inner + h) + adapter_grad if recompute else a * (2 * inner + 2 * h)
-    forward = (a * h + 2 * a * inner + adapter_sum) if recompute else max(4 * h + a * h, adapter_sum)
-    # Eager attention's score tensors come and go apart from the MLP's intermediates; a recomputed
-    # layer's forward runs inside the backward pass, its kept tensors counted as the transient.
-    over_kept, eager_backward, eager_forward = eager_attention_working(
-        ctx, train_state(ctx, targets), mem.stage.layer_range
-    )
-    mem.forward_besides_scores_bytes = int(tokens * (forward / tp + mem.masks_bytes_per_token))
-    forward = max(forward, eager_forward if recompute else over_kept)
-    backward = max(backward, eager_backward, over_kept if recompute else 0)
-    # A state mixer's scan backward (recompute.scan_backward_beyond), already per rank.
-    scan = mem.mixer_backward_bytes_per_token
-    ring = ring_backward_bytes(ctx)
-    mem.working_bytes = max(int(tokens * max(backward / tp, scan)), ring)
-    mem.forward_working_bytes = int(tokens * (forward / tp + mem.masks_bytes_per_token))
-    masks = mem.masks_bytes_per_token
-    mem.formulas["working_bytes"] = lambda: (
-        f"max({backward:,.0f} B/token / tp {tp}, scan backward {scan:,.0f} B/token) x {tokens:,} tokens"
-        + (f"; ring attention backward (cp {ctx.workload.parallel.cp}) {format_bytes(ring)} if larger" if ring else "")
-    )
-    mem.formulas["forward_working_bytes"] = lambda: (
-        f"({forward:,.0f} B/token / tp {tp} + masks {masks:,.0f} B/token) x {tokens:,} tokens"
-    )
-
-
-def _adapter_transients(ctx: TrainingContext, targets: frozenset[str], inner: int) -> tuple[float, float]:
-    """Bytes per token of PEFT's ``result + lora_B(lora_A(x)) * scaling`` on an MLP input
-    projection: (forward: base output, scaled adapter output and promoted sum; backward:
-    the adapter output's gradient). ``d`` is 4 for fp32 adapters, 2 for bf16 or under autocast."""
-    if not targets or not any(
-        s.group == "mlp_in" and s.name in targets for s in layer_linears(ctx.spec, moe_layer=not ctx.spec.mlp)
-    ):
-        return 0.0, 0.0
-    d = 2 if ctx.autocast or not ctx.profile.adapters_fp32 else 4
-    return (2 * d + ctx.compute_bytes) * inner, d * inner
 
 
 def _pipeline_unsharded(ctx: TrainingContext, mem: StageMemory) -> None:
@@ -364,22 +260,56 @@ def _static_transients(ctx: TrainingContext, mem: StageMemory) -> None:
     _optimizer_temporaries(ctx, mem)
 
 
-def stage_memory(ctx: TrainingContext, stage: StageView, targets: frozenset[str]) -> StageMemory:
-    """Every quantity of one pipeline stage (the parts that read neither batch nor sequence length
-    memoized on the model: :class:`~vramlens.estimator.memo_keys.SizeFreeInputs`)."""
-    mem, keys = StageMemory(stage=stage), SizeFreeInputs.workload_keys(ctx.workload)
-    mem.apply(size_free_effect(ctx, stage, keys, "weights and state", lambda scratch: _weights_and_state(ctx, scratch)))
-    acts = layer_activations(ctx, train_state(ctx, targets), stage.layer_range)
-    if ctx.method is Method.FREEZE and not EMBED_NAMES & set(ctx.workload.lora.modules_to_save):
-        acts = LayerActivations(
-            saved_per_token=0.0,
-            transient_per_token=0.0,
-            full_layer_parts=acts.full_layer_parts,
-            notes=("only the head trains: no layer activations are kept",),
-        )
-    _activations(ctx, mem, acts)
-    if stage.last:
-        logits_terms(ctx, mem, targets)
-    mem.apply(size_free_effect(ctx, stage, keys, "transients", lambda scratch: _static_transients(ctx, scratch)))
-    _working_sets(ctx, mem, targets)
+def _stage_plan(ctx: TrainingContext, stage: StageView, targets: frozenset[str]) -> StagePlan:
+    """Build the :class:`StagePlan` (and the :class:`AtSeq` of ``ctx``'s sequence length, in the
+    order the quantities were always computed: weights, activations, loss, transients)."""
+    parallel = ctx.workload.parallel
+    weights = record_effect(stage, lambda scratch: _weights_and_state(ctx, scratch))
+    at = build_at_seq(ctx, stage=stage, targets=targets)
+    transients = record_effect(stage, lambda scratch: _static_transients(ctx, scratch))
+    rotary = rotary_per_token(ctx) if stage.first else 0
+    # Final norm (sequence-parallel under TP) and the head's input, which a column-parallel
+    # head all-gathers to the full sequence before the matmul.
+    final = (final_norm_per_token(ctx) / parallel.tp + head_input_per_token(ctx)) if stage.last else 0
+    interleaved = parallel.pp > 1 and parallel.pp_schedule is PipelineSchedule.INTERLEAVED_1F1B
+    plan = StagePlan(
+        stage=stage,
+        weights=weights,
+        transients=transients,
+        in_flight=micro_batches_in_flight(parallel.pp_schedule, parallel.pp, ctx.workload.grad_accum)
+        if stage.first
+        else 1,
+        outside_per_token=rotary + final,
+        whole_layer=ctx.workload.recompute in (Recompute.FULL, Recompute.OFFLOAD),
+        notes=("pp_schedule interleaved-1f1b: two model chunks per rank assumed",) if interleaved else (),
+    )
+    plan.by_seq[ctx.workload.seq] = at
+    return plan
+
+
+def stage_plan(ctx: TrainingContext, stage: StageView, targets: frozenset[str]) -> StagePlan:
+    """The :class:`StagePlan` of ``stage``, memoized on the model."""
+    key = SizeFreeInputs(part="stage", stage=stage.name, workload=SizeFreeInputs.workload_keys(ctx.workload))
+    return memo(ctx.spec, key, lambda: _stage_plan(ctx, stage, targets))
+
+
+def stage_memory(
+    ctx: TrainingContext,
+    stage: StageView,
+    targets: frozenset[str],
+    plan: StagePlan | None = None,
+    *,
+    terms: bool = True,
+) -> StageMemory:
+    """Every quantity of one pipeline stage: :func:`stage_plan` (or ``plan``) holds what reads no
+    size, and per sequence length the per-token amounts, times the tokens here
+    (:func:`~vramlens.estimator.stage_plan.sized_amounts`). ``terms=False``: the quantities alone,
+    no term, formula or note (:meth:`~vramlens.estimator.stage_plan.StagePlan.numbers`)."""
+    plan = plan or stage_plan(ctx, stage, targets)
+    at = at_seq(ctx, stage, targets, plan)
+    amounts = sized_amounts(ctx, plan, at)
+    if not terms:
+        return plan.numbers(amounts)
+    mem = plan.memory()
+    fill_terms(ctx, mem, plan, at, amounts)
     return mem

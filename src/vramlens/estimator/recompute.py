@@ -191,13 +191,17 @@ class ActivationInputs:
         )  # fmt: skip
 
 
-def layer_activations(ctx: TrainingContext, state: TrainState, layer_range: range) -> LayerActivations:
+def layer_activations(
+    ctx: TrainingContext, state: TrainState, layer_range: range, *, memoized: bool = True
+) -> LayerActivations:
     """Saved and recomputed activation bytes per token for the layers in ``layer_range``.
 
-    Memoized on the spec: the result depends only on what ``_recipe`` reads from the
-    context (listed in the key), the layer range, the recompute policy and tp (planners
-    call this thousands of times).
+    Memoized on the spec (unless ``memoized`` is false): the result depends only on what
+    ``_recipe`` reads from the context (listed in the key), the layer range, the recompute
+    policy and tp (planners call this thousands of times).
     """
+    if not memoized:
+        return _build_layer_activations(ctx, state, layer_range)
     key = ActivationInputs.of(ctx, state, layer_range)
     return memo(ctx.spec, key, lambda: _build_layer_activations(ctx, state, layer_range))
 

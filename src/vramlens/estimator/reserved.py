@@ -32,8 +32,9 @@ checked against (``tests/estimator/test_reserved.py``). The reserved margin (``s
 from __future__ import annotations
 
 import dataclasses
+import operator
 from functools import lru_cache
-from typing import Final
+from typing import Any, Final
 
 from vramlens.allocator import AllocatorSettings
 from vramlens.allocator.replaying import replaying_pattern
@@ -174,7 +175,7 @@ def layer_churn(mem: StageMemory) -> tuple[int, int, int]:
     )
 
 
-def _layer_gradients(ctx: TrainingContext, mem: StageMemory, edges: StepShape) -> int:
+def layer_gradients(ctx: TrainingContext, mem: StageMemory, edges: StepShape) -> int:
     """Bytes of the decoder layers' gradients allocated during a backward: every trained element
     but the vocabulary matrices' (0 with an optimizer in backward, which frees each at once)."""
     if edges.in_backward:
@@ -198,23 +199,54 @@ def training_slack(
     represents (``layers_bytes`` is then that replay's slack, ``vocabulary_bytes`` 0). FSDP2's pattern
     is written buffer by buffer from its code and checked against the simulator's replay
     (``tests/simulator/test_distributed.py``). On one GPU the whole step is replayed as well when the
-    workload asks (:func:`replays_whole_step`); DDP, ZeRO and FSDP1 keep the closed form."""
+    workload asks (:func:`replays_whole_step`); DDP, ZeRO and FSDP1 keep the closed form, whose
+    vocabulary-sized requests come from a template over the sizes once a stage's size-free settings
+    are seen again (:mod:`vramlens.estimator.slack_template`: the same requests, not rebuilt)."""
     micro_steps = min(ctx.workload.grad_accum, 2)
-    loss = training_loss_script(ctx, mem, targets)
     sharded = ctx.workload.parallel.shard in (Shard.FSDP, Shard.HSDP, Shard.ZERO3)
     key = (settings.expandable_segments, sharded)
     churn = layer_churn(mem)
     spread = int(LAYER_SLACK_SPREAD[key] * sum(churn))
+    layers = int(sum(map(operator.mul, LAYER_SLACK_FRACTION[key], churn)))  # fraction x churn, summed in order
+    template = _template(ctx, mem, targets, micro_steps, settings)
+    if template is not None:
+        vocabulary = template.slack(ctx, mem, settings)  # type: ignore[attr-defined]
+        less = template.layer_gradients_bytes  # type: ignore[attr-defined]
+        return TrainingSlack(vocabulary_bytes=max(0, vocabulary - less), layers_bytes=layers, spread_bytes=spread)
+    loss = training_loss_script(ctx, mem, targets)
     edges = step_shape(ctx, mem, targets, layers=False)
     if edges.gather_copy_out or replays_whole_step(ctx):
         whole = _step_slack(step_shape(ctx, mem, targets), loss, micro_steps, settings)
         return TrainingSlack(vocabulary_bytes=0, layers_bytes=whole, spread_bytes=spread, replayed=True)
     vocabulary = _vocabulary_slack(edges, loss, micro_steps, settings)
     return TrainingSlack(
-        vocabulary_bytes=max(0, vocabulary - _layer_gradients(ctx, mem, edges)),
-        layers_bytes=int(sum(f * c for f, c in zip(LAYER_SLACK_FRACTION[key], churn, strict=True))),
-        spread_bytes=spread,
+        vocabulary_bytes=max(0, vocabulary - layer_gradients(ctx, mem, edges)), layers_bytes=layers, spread_bytes=spread
     )
+
+
+#: ``StageMemory.derived`` key of a stage's vocabulary template: absent (first estimate), ``_SEEN``
+#: (second: the template is made), the template, or ``_NONE`` (none can be made).
+_TEMPLATE = "reserved: vocabulary template"
+_SEEN, _NONE = object(), object()
+#: Slack results of the templates, by their requests and allocator settings (slack_template.py).
+_SHARED_RESULTS: dict[Any, Any] = {}
+
+
+def _template(
+    ctx: TrainingContext, mem: StageMemory, targets: frozenset[str], micro_steps: int, settings: AllocatorSettings
+) -> object | None:
+    """The stage's vocabulary template, made the second time its size-free settings are seen (a
+    single estimate is cheaper without it); None before, or where none can be made."""
+    found = mem.derived.get(_TEMPLATE)
+    if found is None:
+        mem.derived[_TEMPLATE] = _SEEN
+        return None
+    if found is _SEEN:
+        from vramlens.estimator.slack_template import vocabulary_template
+
+        made = vocabulary_template(ctx, mem, targets, micro_steps, settings, _SHARED_RESULTS)
+        found = mem.derived[_TEMPLATE] = _NONE if made is None else made
+    return None if found is _NONE else found
 
 
 def replays_whole_step(ctx: TrainingContext) -> bool:

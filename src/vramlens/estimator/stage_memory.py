@@ -1,4 +1,5 @@
-"""The named quantities of one pipeline stage and the terms that explain them (:class:`StageMemory`).
+"""The named quantities of one pipeline stage and the terms that explain them (:class:`StageMemory`),
+and the record of what filling some of them did (:class:`StageEffect`).
 
 :mod:`vramlens.estimator.quantities` fills it, :mod:`vramlens.estimator.step_phases` reads it.
 """
@@ -7,18 +8,26 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
 from vramlens.categories import Category
 from vramlens.estimator.fsdp import Unsharded
 from vramlens.estimator.layout import StageView
 from vramlens.estimator.logits import LogitsMemory
-from vramlens.estimator.memo_keys import SizeFreeInputs
-from vramlens.resolve._memo import memo
-from vramlens.resolve.context import TrainingContext
 from vramlens.result.report import Term
 
-__all__ = ["WHOLE_STEP", "Formula", "StageEffect", "StageMemory", "Summed", "record_effect", "size_free_effect"]
+if TYPE_CHECKING:
+    pass
+
+__all__ = [
+    "SIZED_QUANTITIES",
+    "WHOLE_STEP",
+    "Formula",
+    "StageEffect",
+    "StageMemory",
+    "Summed",
+    "record_effect",
+]
 
 Formula = Callable[[], str] | str
 #: When the quantities that do not come and go are alive.
@@ -45,7 +54,7 @@ class StageMemory:
     """Named quantities of one pipeline stage (bytes), with the terms that explain them.
 
     Filled once by :func:`stage_memory` (or the generic families' ``generic_stage_memory``) and only
-    read afterwards. A quantity in :data:`Summed` is the sum of its terms (:meth:`terms_of`); the
+    read afterwards. A quantity in :data:`Summed` is the sum of its terms (:attr:`parts`); the
     others are instants' amounts that :mod:`vramlens.estimator.training` names with their formula
     (:attr:`formulas`) where a phase's high point holds them.
     """
@@ -114,6 +123,10 @@ class StageMemory:
     formulas: dict[str, Formula] = field(default_factory=dict)
     """Formulas of the quantities that have no term of their own (working sets, recompute, ...)."""
     notes: list[str] = field(default_factory=list)
+    derived: dict[object, object] = field(default_factory=dict, repr=False, compare=False)
+    """Records derived from the stage's size-free quantities alone, memoized with them (keyed by
+    their class; shared by every :class:`StageMemory` filled from one
+    :class:`~vramlens.estimator.stage_plan.StagePlan`)."""
 
     def add(
         self,
@@ -136,10 +149,6 @@ class StageMemory:
             setattr(self, into, getattr(self, into) + amount)
         return amount
 
-    def terms_of(self, quantity: Summed) -> tuple[Term, ...]:
-        """The terms ``quantity`` is the sum of."""
-        return tuple(self.parts.get(quantity, ()))
-
     def apply(self, effect: StageEffect) -> None:
         """Do again what :func:`record_effect` recorded: as if its filling ran on this memory now."""
         self.terms.extend(effect.terms)
@@ -154,7 +163,22 @@ class StageMemory:
 
 
 _SUMMED = frozenset(get_args(Summed))
-_LISTS = frozenset({"stage", "terms", "parts", "formulas", "notes"})
+_LISTS = frozenset({"stage", "terms", "parts", "formulas", "notes", "derived"})
+#: The quantities :func:`~vramlens.estimator.quantities.stage_memory` sets for each workload (they
+#: read the batch or the sequence length); every other field comes from the size-free effects.
+SIZED_QUANTITIES = (
+    "activations_bytes",
+    "recompute_bytes",
+    "masks_bytes_per_token",
+    "mixer_backward_bytes_per_token",
+    "inputs_bytes",
+    "non_layer_bytes",
+    "logits",
+    "head_cast_bytes",
+    "working_bytes",
+    "forward_working_bytes",
+    "forward_besides_scores_bytes",
+)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -186,14 +210,4 @@ def record_effect(stage: StageView, fill: Callable[[StageMemory], None]) -> Stag
         assigned=tuple((name, getattr(scratch, name)) for name in changed if name not in _SUMMED),
         formulas=tuple(scratch.formulas.items()),
         notes=tuple(scratch.notes),
-    )
-
-
-def size_free_effect(
-    ctx: TrainingContext, stage: StageView, keys: tuple[object, ...], part: str, fill: Callable[[StageMemory], None]
-) -> StageEffect:
-    """The effect of ``fill``, a part of ``stage``'s quantities that reads neither batch nor sequence
-    length, memoized on the model; ``keys``: :meth:`SizeFreeInputs.workload_keys` of the context's workload."""
-    return memo(
-        ctx.spec, SizeFreeInputs(part=part, stage=stage.name, workload=keys), lambda: record_effect(stage, fill)
     )

@@ -9,6 +9,8 @@ See :mod:`vramlens.estimator.training` for the instants.
 
 from __future__ import annotations
 
+from typing import cast
+
 from vramlens.categories import Category
 from vramlens.estimator.qlora import prepare_cast_bytes
 from vramlens.estimator.runtime import CUBLAS_FORMULA, CUBLAS_WORKSPACE_BYTES
@@ -23,22 +25,43 @@ __all__ = ["pending_embedding_grad_bytes", "tied_embedding_grad_bytes", "trainin
 _C = Category
 
 
+#: An instant's own amount, its Term made only if the instant is reported: (name, category, bytes, formula).
+_Own = tuple[str, Category, int, Formula]
+#: ``StageMemory.derived`` keys (size-free records, shared by the estimates of one stage plan).
+_BASE, _OPTIMIZER = "phases: base", "phases: optimizer step"
+
+
 class _Instant:
     """The terms alive at one instant of a step: whole quantities (their terms) and the
-    instant's own amounts, named with their formula."""
+    instant's own amounts, named with their formula. Its total is kept as they are added (to pick
+    the highest instant); its terms are made for a phase (:meth:`phase`)."""
 
-    def __init__(self, mem: StageMemory, alive: str) -> None:
+    __slots__ = ("alive", "mem", "pieces", "total_bytes")
+
+    def __init__(self, mem: StageMemory, alive: str, pieces: tuple[Summed | list[Term], ...] = (), total: int = 0):
         self.mem, self.alive = mem, alive
-        self.terms: list[Term] = []
+        self.pieces: list[Summed | list[Term] | _Own] = list(pieces)
+        self.total_bytes = total
 
     def part(self, quantity: Summed) -> None:
-        """Every term of ``quantity`` (alive at this instant in full)."""
-        self.terms.extend(self.mem.terms_of(quantity))
+        """Every term of ``quantity`` (alive at this instant in full; they add up to the quantity)."""
+        if self.mem.parts.get(quantity):
+            self.pieces.append(quantity)
+            self.total_bytes += getattr(self.mem, quantity)
+
+    def parts(self, *quantities: Summed) -> None:
+        """Every term of each of ``quantities``, in order (see :meth:`part`)."""
+        mem, pieces = self.mem, self.pieces
+        for quantity in quantities:
+            if mem.parts.get(quantity):
+                pieces.append(quantity)
+                self.total_bytes += getattr(mem, quantity)
 
     def add(self, name: str, category: Category, value: int, formula: Formula) -> None:
         """A term of ``value`` bytes alive at this instant (none when 0)."""
         if value:
-            self.terms.append(Term(name=name, category=category, bytes=value, explain=formula, alive=self.alive))
+            self.pieces.append((name, category, value, formula))
+            self.total_bytes += value
 
     def quantity(self, name: str, category: Category, key: str) -> None:
         """The instant's share of a quantity with no term of its own (``StageMemory.formulas[key]``)."""
@@ -46,26 +69,49 @@ class _Instant:
         if value:
             self.add(name, category, value, self.mem.formulas.get(key, ""))
 
-    @property
-    def total_bytes(self) -> int:
-        return sum(term.bytes for term in self.terms)
+    def terms(self) -> list[Term]:
+        """The instant's terms, in the order they were added."""
+        found: list[Term] = []
+        alive, parts = self.alive, self.mem.parts
+        for piece in self.pieces:
+            if isinstance(piece, str):
+                found.extend(parts[piece])
+            elif isinstance(piece, list):
+                found.extend(piece)
+            else:
+                name, category, value, formula = piece
+                found.append(Term(name=name, category=category, bytes=value, explain=formula, alive=alive))
+        return found
+
+    def phase(self, name: str, note: str) -> PhaseMemory:
+        """This instant as the phase ``name``."""
+        return PhaseMemory.of_terms(name, note, self.terms())
+
+
+#: The cuBLAS workspace's term (the same at every instant).
+_CUBLAS = [
+    Term(
+        name="cuBLAS workspace (from the caching allocator)",
+        category=_C.OTHER,
+        bytes=CUBLAS_WORKSPACE_BYTES,
+        explain=CUBLAS_FORMULA,
+        alive="from the first matmul on",
+    )
+]
 
 
 def _base(mem: StageMemory, alive: str) -> _Instant:
-    """Parameters, optimizer state and the cuBLAS workspace: alive at every instant."""
-    instant = _Instant(mem, alive)
-    instant.part("params_bytes")
-    instant.part("states_bytes")
-    instant.terms.append(
-        Term(
-            name="cuBLAS workspace (from the caching allocator)",
-            category=_C.OTHER,
-            bytes=CUBLAS_WORKSPACE_BYTES,
-            explain=CUBLAS_FORMULA,
-            alive="from the first matmul on",
-        )
-    )
-    return instant
+    """Parameters, optimizer state and the cuBLAS workspace: alive at every instant (the same for
+    every estimate of a stage plan)."""
+    known = cast("tuple[tuple[Summed | list[Term], ...], int] | None", mem.derived.get(_BASE))
+    if known is None:
+        instant = _Instant(mem, alive)
+        instant.parts("params_bytes", "states_bytes")
+        instant.pieces.append(_CUBLAS)
+        instant.total_bytes += CUBLAS_WORKSPACE_BYTES
+        known = (cast("tuple[Summed | list[Term], ...]", tuple(instant.pieces)), instant.total_bytes)
+        mem.derived[_BASE] = known
+    return _Instant(mem, alive, known[0], known[1])
 
 
 def _kept_gradients(ctx: TrainingContext, mem: StageMemory, instant: _Instant) -> None:
@@ -87,8 +133,8 @@ def _kept_gradients(ctx: TrainingContext, mem: StageMemory, instant: _Instant) -
 
 
 def _unsharded(instant: _Instant, value: int, where: str) -> None:
-    how = instant.mem.unsharded.how
-    instant.add(f"unsharded parameters and buffers {where}", _C.TEMPORARY, value, how)
+    if value:
+        instant.add(f"unsharded parameters and buffers {where}", _C.TEMPORARY, value, instant.mem.unsharded.how)
 
 
 def _logits(instant: _Instant, value: int, name: str) -> None:
@@ -109,8 +155,7 @@ def _forward(ctx: TrainingContext, mem: StageMemory) -> PhaseMemory:
     where = "at the loss" if at_loss >= in_layer else "inside the last layer's forward"
     instant = _base(mem, where)
     _kept_gradients(ctx, mem, instant)
-    for quantity in ("grad_buckets_bytes", "activations_bytes", "non_layer_bytes", "inputs_bytes"):
-        instant.part(quantity)
+    instant.parts("grad_buckets_bytes", "activations_bytes", "non_layer_bytes", "inputs_bytes")
     if at_loss >= in_layer:
         if mem.logits is not None:
             _logits(instant, mem.logits.forward_end, "logits and loss (at the loss)")
@@ -120,7 +165,7 @@ def _forward(ctx: TrainingContext, mem: StageMemory) -> PhaseMemory:
         instant.part("dequant_bytes")
         _unsharded(instant, u.forward_layer, "in a layer's forward")
     instant.part("casts_bytes")
-    return PhaseMemory.of_terms("forward", f"end of forward: {where}", instant.terms)
+    return instant.phase("forward", f"end of forward: {where}")
 
 
 def tied_embedding_grad_bytes(ctx: TrainingContext) -> int:
@@ -175,8 +220,7 @@ def _gradients_so_far(instant: _Instant, in_backward: bool, missing: dict[str, i
 def _backward_start(ctx: TrainingContext, mem: StageMemory) -> tuple[str, _Instant]:
     instant = _base(mem, "start of backward")
     _kept_gradients(ctx, mem, instant)
-    for quantity in ("grad_buckets_bytes", "activations_bytes", "non_layer_bytes", "inputs_bytes"):
-        instant.part(quantity)
+    instant.parts("grad_buckets_bytes", "activations_bytes", "non_layer_bytes", "inputs_bytes")
     if mem.logits is not None:
         _logits(instant, mem.logits.backward_start, "loss gradient beside the kept logits (start of backward)")
     instant.quantity("autocast weight copies alive in backward", _C.TEMPORARY, "casts_backward_bytes")
@@ -190,8 +234,7 @@ def _first_layers(ctx: TrainingContext, mem: StageMemory, outputs: int) -> tuple
     instant.part("grad_buckets_bytes")
     if not ctx.in_backward_step and not grad_partitions_whole_step(ctx):
         instant.quantity("LM head gradient (made first in backward)", _C.GRADIENTS, "head_grads_bytes")
-    for quantity in ("activations_bytes", "non_layer_bytes", "inputs_bytes"):
-        instant.part(quantity)
+    instant.parts("activations_bytes", "non_layer_bytes", "inputs_bytes")
     instant.quantity("the recomputed layer's tensors", _C.ACTIVATIONS, "recompute_bytes")
     _kept_outputs(instant, outputs)
     instant.quantity("a layer's backward working set", _C.TEMPORARY, "working_bytes")
@@ -207,8 +250,7 @@ def _hook_step(mem: StageMemory, outputs: int) -> tuple[str, _Instant]:
     logits tensors are freed by then, the loop's kept outputs are not). An upper bound when the
     largest tensor is a layer's or the embedding's (their hooks run later, with fewer activations)."""
     instant = _base(mem, "inside the largest tensor's in-backward step")
-    for quantity in ("grad_buckets_bytes", "activations_bytes", "non_layer_bytes", "inputs_bytes"):
-        instant.part(quantity)
+    instant.parts("grad_buckets_bytes", "activations_bytes", "non_layer_bytes", "inputs_bytes")
     _kept_outputs(instant, outputs)
     instant.quantity("the largest tensor's gradient and its step temporaries", _C.TEMPORARY, "hook_step_bytes")
     _unsharded(instant, mem.unsharded.backward_start, "at the start of backward")
@@ -223,8 +265,7 @@ def _kept_outputs(instant: _Instant, outputs: int) -> None:
 def _backward_end(ctx: TrainingContext, mem: StageMemory, kept_to_end: int) -> tuple[str, _Instant]:
     instant = _base(mem, "end of backward")
     _gradients_so_far(instant, ctx.in_backward_step, {})
-    for quantity in ("grad_buckets_bytes", "non_layer_bytes", "inputs_bytes"):
-        instant.part(quantity)
+    instant.parts("grad_buckets_bytes", "non_layer_bytes", "inputs_bytes")
     _kept_outputs(instant, kept_to_end)
     if mem.end_working_bytes is None:
         instant.quantity("a layer's backward working set", _C.TEMPORARY, "working_bytes")
@@ -240,8 +281,7 @@ def _last_layer(ctx: TrainingContext, mem: StageMemory, kept_to_end: int, embedd
     instant = _base(mem, "inside the first layer's backward (the last backward reaches)")
     missing = {"the first layer's": mem.layer_grads_bytes, "the input embedding's": embedding}
     _gradients_so_far(instant, ctx.in_backward_step, {} if grad_partitions_whole_step(ctx) else missing)
-    for quantity in ("grad_buckets_bytes", "non_layer_bytes", "inputs_bytes"):
-        instant.part(quantity)
+    instant.parts("grad_buckets_bytes", "non_layer_bytes", "inputs_bytes")
     if mem.recompute_bytes:
         instant.quantity("the recomputed layer's tensors", _C.ACTIVATIONS, "recompute_bytes")
     else:
@@ -250,7 +290,7 @@ def _last_layer(ctx: TrainingContext, mem: StageMemory, kept_to_end: int, embedd
             "the first layer's saved activations",
             _C.ACTIVATIONS,
             mem.activations_bytes // layers,
-            f"activations {mem.activations_bytes:,} B / {layers} layers",
+            lambda: f"activations {mem.activations_bytes:,} B / {layers} layers",
         )
     _kept_outputs(instant, kept_to_end)
     instant.quantity("a layer's backward working set", _C.TEMPORARY, "working_bytes")
@@ -268,8 +308,7 @@ def _tied_backward(ctx: TrainingContext, mem: StageMemory, outputs: int, tied: i
     instant = _base(mem, "inside the tied embedding's backward")
     missing = {} if tied or grad_partitions_whole_step(ctx) else {"the tied matrix's": mem.head_grads_bytes}
     _gradients_so_far(instant, ctx.in_backward_step, missing)
-    for quantity in ("grad_buckets_bytes", "non_layer_bytes", "inputs_bytes"):
-        instant.part(quantity)
+    instant.parts("grad_buckets_bytes", "non_layer_bytes", "inputs_bytes")
     _kept_outputs(instant, outputs)
     instant.add(
         "tied embedding: the LM head's gradient contribution and the sum (InputBuffer::accumulate)",
@@ -311,16 +350,20 @@ def _backward(ctx: TrainingContext, mem: StageMemory) -> PhaseMemory:
     if tied:
         candidates.append(_tied_backward(ctx, mem, outputs, tied))
     note, peak = max(candidates, key=lambda candidate: candidate[1].total_bytes)
-    return PhaseMemory.of_terms("backward", note, peak.terms)
+    return peak.phase("backward", note)
 
 
 def _optimizer(mem: StageMemory) -> PhaseMemory:
-    instant = _base(mem, "inside optimizer.step()")
-    for quantity in ("grads_bytes", "grad_buckets_bytes", "step_temp_bytes"):
-        instant.part(quantity)
-    return PhaseMemory.of_terms(
-        "optimizer_step", "optimizer.step(): every gradient and the step's temporaries", instant.terms
-    )
+    """Inside ``optimizer.step()``: every gradient and the step's temporaries (the same for every
+    estimate of a stage plan)."""
+    known = mem.derived.get(_OPTIMIZER)
+    if known is None:
+        instant = _base(mem, "inside optimizer.step()")
+        instant.parts("grads_bytes", "grad_buckets_bytes", "step_temp_bytes")
+        known = mem.derived[_OPTIMIZER] = instant.phase(
+            "optimizer_step", "optimizer.step(): every gradient and the step's temporaries"
+        )
+    return known  # type: ignore[return-value]
 
 
 def _load(ctx: TrainingContext, mem: StageMemory) -> PhaseMemory | None:
@@ -343,9 +386,7 @@ def _load(ctx: TrainingContext, mem: StageMemory) -> PhaseMemory | None:
         cast,
         "the largest unquantized weight (vocabulary table or fused experts) in the loaded dtype",
     )
-    return PhaseMemory.of_terms(
-        "load", "load: prepare_model_for_kbit_training casting the largest weight", instant.terms
-    )
+    return instant.phase("load", "load: prepare_model_for_kbit_training casting the largest weight")
 
 
 def training_phases(ctx: TrainingContext, mem: StageMemory) -> list[PhaseMemory]:

@@ -148,13 +148,22 @@ _SIZE_IN_NAME = re.compile(r"(?<![0-9])([0-9]{1,3})\s*gb?(?![a-z0-9])", re.IGNOR
 GPU_SIZE_RANGE = (256 * 2**20, 64 * 2**40)
 
 
+#: GPUs already resolved from the table, by the value given (an estimate resolves its GPU each time).
+_RESOLVED: dict[str, GpuSpec] = {}
+
+
 def resolve_gpu(value: str, *, field_name: str = "gpu") -> GpuSpec:
     """A GPU from the table by name or alias, or a custom one from a size ("24GiB", "80 GB")."""
+    found = _RESOLVED.get(value) if type(value) is str else None
+    if found is not None:
+        return found
     key = value.strip().lower()
     if len(key) > 100:
         raise InputError(f"{field_name}: {len(key):,} characters is not a GPU name or size")
     gpu = _lookup(value)
     if gpu is not None:
+        if len(_RESOLVED) < 1024:
+            _RESOLVED[value] = gpu
         return gpu
     if key[:1].isdigit():
         size = parse_size(value, field=field_name)

@@ -7,6 +7,8 @@ split how many ways" is decided in exactly one place.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from dataclasses import fields as dataclass_fields
+from operator import attrgetter
 
 from vramlens.errors import InputError
 from vramlens.model.quant_formats import qlora_bases
@@ -31,7 +33,7 @@ from vramlens.workload.options import (
 from vramlens.workload.spec import Workload
 from vramlens.workload.versions import older_than, rule_note
 
-__all__ = ["TrainingContext", "check_head_split", "resolve_training"]
+__all__ = ["TrainingContext", "check_head_split", "resize_training", "resolve_training"]
 
 _BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
@@ -181,18 +183,26 @@ def check_head_split(spec: ModelSpec, workload: Workload) -> None:
 
 def _check_model_fit(spec: ModelSpec, workload: Workload) -> None:
     """Workload rules that need the model: context length, TP/EP divisibility."""
+    _check_context(spec, workload)
+    check_head_split(spec, workload)
+    _check_cp(workload)
+    if workload.method is Method.QLORA and workload.quant is not Quant.NONE and workload.quant not in qlora_bases():
+        accepted = ", ".join(quant.value for quant in qlora_bases())
+        raise InputError(f"quant: qlora trains adapters on a 4-bit base; got {workload.quant} (use {accepted})")
+
+
+def _check_context(spec: ModelSpec, workload: Workload) -> None:
     limit = spec.max_position_embeddings
     if workload.seq > limit and not workload.allow_long_context:
         raise InputError(
             f"seq: {workload.seq} exceeds {spec.name}'s max_position_embeddings {limit}; "
             "set allow_long_context: true if the model is set up for it (RoPE scaling)"
         )
-    check_head_split(spec, workload)
+
+
+def _check_cp(workload: Workload) -> None:
     if workload.seq % workload.parallel.cp:
         raise InputError(f"parallel.cp: {workload.parallel.cp} must divide seq {workload.seq}")
-    if workload.method is Method.QLORA and workload.quant is not Quant.NONE and workload.quant not in qlora_bases():
-        accepted = ", ".join(quant.value for quant in qlora_bases())
-        raise InputError(f"quant: qlora trains adapters on a 4-bit base; got {workload.quant} (use {accepted})")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -279,6 +289,27 @@ def _settings(workload: Workload, spec: ModelSpec) -> dict[str, object]:
     }
     settings["assumptions"] = tuple(notes)
     return settings
+
+
+def resize_training(ctx: TrainingContext, workload: Workload) -> TrainingContext:
+    """``ctx`` resolved for ``workload``, whose keys are ``ctx.workload``'s but for the batch and the
+    sequence length (and how the model and GPU are named): the same settings; of
+    :func:`resolve_training`'s checks, those that read the sequence length (the others passed for
+    ``ctx``, so the first that fails is the one :func:`resolve_training` would report)."""
+    _check_context(ctx.spec, workload)
+    _check_cp(workload)
+    resized = object.__new__(TrainingContext)  # the frozen dataclass's fields set as its __init__ would
+    for slot, value in zip(_SLOTS, _field_values(ctx), strict=True):
+        slot.__set__(resized, value)
+    _WORKLOAD.__set__(resized, workload)
+    _TOKENS.__set__(resized, workload.batch * workload.seq // workload.parallel.cp)
+    return resized
+
+
+_FIELD_NAMES = tuple(f.name for f in dataclass_fields(TrainingContext))
+_field_values = attrgetter(*_FIELD_NAMES)
+_SLOTS = tuple(TrainingContext.__dict__[name] for name in _FIELD_NAMES)
+_WORKLOAD, _TOKENS = TrainingContext.__dict__["workload"], TrainingContext.__dict__["tokens"]
 
 
 def resolve_training(spec: ModelSpec, workload: Workload) -> TrainingContext:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from vramlens.categories import Category
@@ -53,7 +54,10 @@ class Term:
 
 def terms_bytes(terms: tuple[Term, ...]) -> int:
     """The bytes of ``terms`` together."""
-    return sum(term.bytes for term in terms)
+    return sum(map(_bytes_of, terms))
+
+
+_bytes_of = attrgetter("bytes")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -79,12 +83,16 @@ class PhaseMemory:
     def of_terms(cls, name: str, note: str, terms: list[Term]) -> PhaseMemory:
         """The phase whose high point is exactly ``terms`` (zero terms dropped): allocated bytes
         and breakdown are their sums."""
-        kept = tuple(term for term in terms if term.bytes)
+        kept: list[Term] = []
         breakdown: dict[Category, int] = {}
-        for term in kept:
-            breakdown[term.category] = breakdown.get(term.category, 0) + term.bytes
+        total = 0
+        for term in terms:
+            if amount := term.bytes:
+                kept.append(term)
+                total += amount
+                breakdown[term.category] = breakdown.get(term.category, 0) + amount
         clean = {category: value for category, value in breakdown.items() if value}
-        return cls(name=name, allocated_bytes=terms_bytes(kept), breakdown=clean, note=note, terms=kept)
+        return cls(name=name, allocated_bytes=total, breakdown=clean, note=note, terms=tuple(kept))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -232,11 +240,23 @@ class MemoryReport:
         names = [phase.name for phase in self.phases]
         if self.peak_phase not in names:
             raise ValueError(f"peak_phase {self.peak_phase!r} is not one of the phases {names}")
-        if self.peak.terms:
-            for level in LEVELS:
-                found, figure = terms_bytes(self.peak_terms(level)), self.level_bytes(level)
+        peak = self.peak
+        if peak.terms:
+            found = peak.allocated_bytes  # its terms add up to it (PhaseMemory checks that)
+            levels = ((self.allocated_bytes, ()), (self.reserved_bytes, self.allocator_terms))
+            for level, (figure, added) in zip(LEVELS, (*levels, (self.device_bytes, self.runtime_terms)), strict=True):
+                found += terms_bytes(added)
                 if found != figure:
                     raise ValueError(f"{level} terms add up to {found}, not the {level} peak {figure}")
+
+    @classmethod
+    def presented_later(cls, present: Callable[[], MemoryReport], **fields: Any) -> MemoryReport:
+        """A report of ``fields`` whose terms, allocator terms and assumptions are made when first
+        read: those of ``present()``, a report of the same figures made term by term
+        (:mod:`vramlens.result.presented`, which checks them)."""
+        from vramlens.result.presented import presented_later
+
+        return presented_later(present, fields)
 
     def level_bytes(self, level: str) -> int:
         """The peak at ``level`` (one of :data:`LEVELS`)."""
