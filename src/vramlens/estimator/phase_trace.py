@@ -23,6 +23,7 @@ from operator import attrgetter, itemgetter
 from typing import NoReturn
 
 from vramlens.categories import Category
+from vramlens.estimator.size_symbols import merged_terms
 from vramlens.estimator.stage_memory import SIZED_QUANTITIES, StageMemory
 from vramlens.estimator.step_phases import training_phases
 from vramlens.resolve.context import TrainingContext
@@ -65,10 +66,7 @@ class Traced:
 
     def _combine(self, other: object, sign: int) -> Traced:
         if isinstance(other, Traced):
-            merged = dict(self.terms)
-            for index, coefficient in other.terms:
-                merged[index] = merged.get(index, 0) + sign * coefficient
-            terms = tuple(sorted((index, c) for index, c in merged.items() if c))
+            terms = merged_terms(self.terms, other.terms, sign)
             return Traced(self.recorder, terms, self.constant + sign * other.constant, self.value + sign * other.value)
         if isinstance(other, int):
             return Traced(self.recorder, self.terms, self.constant + sign * other, self.value + sign * other)

@@ -23,11 +23,21 @@ from vramlens.resolve.context import TrainingContext
 
 T = TypeVar("T")
 
-__all__ = ["UNAVAILABLE", "Linear", "SizeDependent", "reads_no_size", "sized_context", "symbols"]
+__all__ = ["UNAVAILABLE", "Linear", "SizeDependent", "merged_terms", "reads_no_size", "sized_context", "symbols"]
 
 
 class SizeDependent(Exception):
     """A symbolic size was used other than linearly (see the module docstring)."""
+
+
+def merged_terms(
+    left: tuple[tuple[int, int], ...], right: tuple[tuple[int, int], ...], sign: int
+) -> tuple[tuple[int, int], ...]:
+    """The terms ``(input index, coefficient)`` of ``left + sign * right``, sorted, without zero coefficients."""
+    merged = dict(left)
+    for index, coefficient in right:
+        merged[index] = merged.get(index, 0) + sign * coefficient
+    return tuple(sorted((index, c) for index, c in merged.items() if c))
 
 
 class Linear:
@@ -56,11 +66,7 @@ class Linear:
 
     def _combine(self, other: object, sign: int) -> Linear:
         if isinstance(other, Linear):
-            merged = dict(self.terms)
-            for index, coefficient in other.terms:
-                merged[index] = merged.get(index, 0) + sign * coefficient
-            terms = tuple(sorted((index, c) for index, c in merged.items() if c))
-            return Linear(terms, self.constant + sign * other.constant)
+            return Linear(merged_terms(self.terms, other.terms, sign), self.constant + sign * other.constant)
         if isinstance(other, int):
             return Linear(self.terms, self.constant + sign * other)
         raise SizeDependent(f"a size combined with {type(other).__name__}")
