@@ -112,6 +112,20 @@ def test_one_gpu_replays_the_whole_step_only_when_the_workload_asks() -> None:
     assert "fitted fractions" in notes[0] and "the whole step replayed" in notes[1]
 
 
+def test_a_replay_asked_for_after_closed_forms_of_the_same_stage_is_a_replay() -> None:
+    """The closed form keeps a template per stage once its size-free settings are seen twice; a
+    workload of that stage that asks for the whole-step replay must still get the replay (it
+    got the template's closed form before ``training_slack`` asked ``replays_whole_step`` first)."""
+    base = {"model": "qwen2.5-0.5b", "precision": "bf16", "batch": 3, "seq": 1000}
+    replayed = estimate({**base, "reserved_replay": True})
+    closed = estimate(base)
+    assert replayed.reserved_bytes != closed.reserved_bytes  # the two differ on this workload
+    for seq in (1100, 1200, 1300):  # the stage's template is made
+        estimate({**base, "seq": seq})
+    assert estimate({**base, "reserved_replay": True}).reserved_bytes == replayed.reserved_bytes
+    assert "the whole step replayed" in " ".join(estimate({**base, "seq": 1400, "reserved_replay": True}).assumptions)
+
+
 @pytest.mark.parametrize("name", list(WORKLOADS))
 def test_expandable_segments_never_raise_the_slack(name: str) -> None:
     plain = estimate(WORKLOADS[name])

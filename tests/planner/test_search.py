@@ -101,6 +101,27 @@ def test_pareto_drops_dominated_and_duplicate_points() -> None:
     assert [(p.report.device_bytes, p.seconds) for p in kept] == [(10, 1.0), (8, 2.0), (5, 4.0)]
 
 
+def test_a_plan_asking_for_the_replay_shows_replayed_figures_and_searches_with_the_closed_form() -> None:
+    """``reserved_replay: true``: the search prunes with the closed form (as many estimates as
+    without the key) and the entries are the replay's figures, each fitting on its own; an entry
+    that fits by the closed form but not by the replay is left out."""
+    workload = {"model": "qwen2.5-0.5b", "batch": 8, "seq": 4096}
+    closed = plan(workload, gpu="rtx-4090", gpus=1)
+    replayed = plan({**workload, "reserved_replay": True}, gpu="rtx-4090", gpus=1)
+    assert replayed.estimated == closed.estimated and replayed.candidates
+    differ = 0
+    for candidate in replayed.candidates:
+        assert candidate.workload.reserved_replay
+        fresh = estimate(workload_to_dict(candidate.workload))
+        whole = candidate.workload.parallel.offload.value == "none"  # CPU offload: the closed form
+        assert ("the whole step replayed" in " ".join(fresh.assumptions)) == whole
+        assert fresh.reserved_bytes == candidate.report.reserved_bytes
+        assert fresh.capacity_bytes is not None and fresh.device_bytes <= fresh.capacity_bytes * 0.9
+        twin = estimate({**workload_to_dict(candidate.workload), "reserved_replay": False})
+        differ += twin.reserved_bytes != fresh.reserved_bytes
+    assert differ  # the replay changed some entry's figure
+
+
 def test_progress_is_called_for_every_group() -> None:
     calls: list[tuple[int, int]] = []
     plan({"model": "llama-3.2-1b"}, gpu="a100-80gb", gpus=2, progress=lambda d, t: calls.append((d, t)))
@@ -161,7 +182,9 @@ def test_top5_is_not_dominated_by_any_configuration_of_the_space(workload: dict[
     top-5 entry is dominated by a fitting configuration that is at least as small and as fast
     (strictly better in one) while making only a subset of the entry's changes. (With more
     changes it is not dominated: the planner prices 8-bit state and chunked losses as free in
-    time, yet they change the numerics, so the tie goes to the configuration with fewer changes.)"""
+    time, yet they change the numerics, so the tie goes to the configuration with fewer changes.)
+    Both sides use the closed-form reserved level the search prunes with (``reserved_replay: false``)."""
+    workload = {**workload, "reserved_replay": False}
     space = _exhaustive(workload, gpu, gpus, 0.1)
     result = plan(workload, gpu=gpu, gpus=gpus)
     assert result.candidates and len(space) >= len(result.candidates)
@@ -258,7 +281,9 @@ def test_every_configuration_left_out_is_covered_or_buys_memory_with_time(
     (the tie rule: free steps such as 8-bit state change the numerics), or (d) covered by what an
     entry reaches by free steps (implied: the entry plus a fused loss or 8-bit state). Before free steps were
     followed from dominated frontier points, the 8B full fine-tune on one H100 left out
-    (recompute every 2nd layer, fused-linear loss): 66.2 GiB at 1.01x, between the two entries."""
+    (recompute every 2nd layer, fused-linear loss): 66.2 GiB at 1.01x, between the two entries.
+    Both sides use the closed-form reserved level the search prunes with (``reserved_replay: false``)."""
+    workload = {**workload, "reserved_replay": False}
     space = _knob_space(workload, gpu, gpus, 0.1)
     entries = plan(workload, gpu=gpu, gpus=gpus).candidates
     shown = [(e.report.device_bytes, e.step_seconds, frozenset(k for k, _, _ in e.changes)) for e in entries]

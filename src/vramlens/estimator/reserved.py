@@ -9,10 +9,11 @@ step's activations so that the same request needs a new segment, 20 MiB segments
 workload's ``alloc_conf``:
 
 * with parameters sharded by FSDP2, and on one GPU when the workload says ``reserved_replay: true``
-  (10-50 ms an estimate, 20-90x the default one: ``benchmarks/replay_speed.py``; so not the default),
-  the **whole step is replayed**, every layer: :mod:`vramlens.estimator.step_pattern` writes the
-  requests the estimator's terms imply in code order (:mod:`vramlens.estimator.step_shape`,
-  :mod:`vramlens.estimator.step_layers`) straight into the allocator model
+  (3-70 ms an estimate by the number of layers, 20-90x the default one: ``benchmarks/replay_speed.py``;
+  so not the default), the **whole step is replayed**, every layer:
+  :mod:`vramlens.estimator.step_pattern` writes the requests the estimator's terms imply in code
+  order (:mod:`vramlens.estimator.step_shape`, :mod:`vramlens.estimator.step_layers`) straight
+  into the allocator model
   (:func:`~vramlens.allocator.replaying.replaying_pattern`, the peaks of the full replay to the byte),
   memoized on the frozen :class:`~vramlens.estimator.step_shape.StepShape`; checked against the simulator's
   replay of the real code (``tests/simulator/test_agreement.py``, ``test_distributed.py``);
@@ -208,14 +209,15 @@ def training_slack(
     churn = layer_churn(mem)
     spread = int(LAYER_SLACK_SPREAD[key] * sum(churn))
     layers = int(sum(map(operator.mul, LAYER_SLACK_FRACTION[key], churn)))  # fraction x churn, summed in order
-    template = _template(ctx, mem, targets, micro_steps, settings)
+    whole_step = replays_whole_step(ctx)  # before the template: one is kept per stage, whatever the key
+    template = None if whole_step else _template(ctx, mem, targets, micro_steps, settings)
     if template is not None:
         vocabulary = template.slack(ctx, mem, settings)  # type: ignore[attr-defined]
         less = template.layer_gradients_bytes  # type: ignore[attr-defined]
         return TrainingSlack(vocabulary_bytes=max(0, vocabulary - less), layers_bytes=layers, spread_bytes=spread)
     loss = training_loss_script(ctx, mem, targets)
     edges = step_shape(ctx, mem, targets, layers=False)
-    if edges.gather_copy_out or replays_whole_step(ctx):
+    if edges.gather_copy_out or whole_step:
         whole = _step_slack(step_shape(ctx, mem, targets), loss, micro_steps, settings)
         return TrainingSlack(vocabulary_bytes=0, layers_bytes=whole, spread_bytes=spread, replayed=True)
     vocabulary = _vocabulary_slack(edges, loss, micro_steps, settings)
@@ -251,10 +253,11 @@ def _template(
 
 def replays_whole_step(ctx: TrainingContext) -> bool:
     """The whole step is replayed, every layer, when the workload asks for it (``reserved_replay:
-    true``: 10-50 ms an estimate, so not the default of the CLI, the planner and the web page) on one
-    GPU without CPU offload (a model vramlens describes layer by layer, not a generic module): the layers' requests are written from the estimator's own
-    terms (:mod:`vramlens.estimator.step_shape`) and checked against the simulator's replay of the
-    real code's timeline (``tests/simulator/test_agreement.py``)."""
+    true``: 3-70 ms an estimate, so not the default of the CLI, the planner's search and the web
+    page, whose 200 concurrent answers must come within a second) on one GPU without CPU offload,
+    for a model vramlens describes layer by layer (not a generic module): the layers' requests are
+    written from the estimator's own terms (:mod:`vramlens.estimator.step_shape`) and checked
+    against the simulator's replay of the real code's timeline (``tests/simulator/test_agreement.py``)."""
     parallel = ctx.workload.parallel
     one_gpu = parallel.gpus == 1 and parallel.offload is Offload.NONE and ctx.spec.generic is None
     return one_gpu and ctx.workload.reserved_replay

@@ -16,6 +16,13 @@ dropped, and the rest are returned fastest first. Fits means ``device peak <= ca
 (1 - headroom)`` (the device level: what nvidia-smi shows, allocator slack and CUDA context
 included). The model is loaded once and put into every workload (``dataclasses.replace``), so
 a configuration costs one estimate (~0.15 ms) plus, if kept, one time estimate.
+
+The search estimates one GPU's reserved level with the closed form (``reserved_replay: false``,
+the default, 20-90x faster than replaying the whole step and monotone along the knob axes as the
+pruning needs). When the workload asks for the replay (``reserved_replay: true``,
+:func:`vramlens.estimator.reserved.replays_whole_step`), only the points the search keeps are
+estimated with it, and each stays only if it still fits: a plan's figures are those ``vramlens
+estimate`` prints for the same configuration, at a few replays' cost instead of thousands.
 """
 
 from __future__ import annotations
@@ -106,7 +113,9 @@ def fits_at_most_saving(
     spec: ModelSpec, user: Workload, group: Group, gpu: GpuSpec, headroom: float, counter: _Counter | None = None
 ) -> bool:
     """Whether ``group`` fits at the most memory-saving point of its knob grid, with or without
-    gradient accumulation (if neither fits, no point of the group does: see :func:`search_group`)."""
+    gradient accumulation (if neither fits, no point of the group does: see :func:`search_group`);
+    with the closed-form reserved level, as the search."""
+    user = dataclasses.replace(user, reserved_replay=False)
     return any(_ends_fit(spec, user, group, gpu, headroom, counter or _Counter()))
 
 
@@ -212,19 +221,33 @@ def search(
     time_model: TimeModel,
     progress: Progress | None = None,
 ) -> SearchResult:
-    """The fitting frontier over every group for ``gpus`` GPUs, each point timed."""
+    """The fitting frontier over every group for ``gpus`` GPUs, each point estimated again as
+    ``user`` says (see the module docstring) and timed."""
     user = dataclasses.replace(user, model=spec)
-    all_groups = groups(user, gpus, allow_method_change=allow_method_change)
+    closed = dataclasses.replace(user, reserved_replay=False)
+    all_groups = groups(closed, gpus, allow_method_change=allow_method_change)
     counter = _Counter()
     considered = 0
     frontier: list[Evaluated] = []
     for done, group in enumerate(all_groups, start=1):
-        found, covered = search_group(spec, user, group, gpu, headroom, counter)
+        found, covered = search_group(spec, closed, group, gpu, headroom, counter)
         considered += covered
-        frontier.extend(Evaluated(workload=w, report=r, seconds=time_model(w, r)) for w, r in found)
+        kept = [again for w, r in found if (again := _as_user(spec, user, w, r, gpu, headroom)) is not None]
+        frontier.extend(Evaluated(workload=w, report=r, seconds=time_model(w, r)) for w, r in kept)
         if progress is not None:
             progress(done, len(all_groups))
     return SearchResult(frontier=tuple(frontier), considered=considered, estimated=counter.estimated)
+
+
+def _as_user(
+    spec: ModelSpec, user: Workload, workload: Workload, report: MemoryReport, gpu: GpuSpec, headroom: float
+) -> tuple[Workload, MemoryReport] | None:
+    """A kept point estimated with the user's ``reserved_replay``; None if it then does not fit."""
+    if not user.reserved_replay:
+        return workload, report
+    workload = dataclasses.replace(workload, reserved_replay=True)
+    again = _estimate(spec, workload, gpu)
+    return (workload, again) if again is not None and fits_with_headroom(again, headroom) else None
 
 
 def pareto(points: Sequence[Evaluated]) -> list[Evaluated]:
