@@ -58,6 +58,7 @@ ALLOWED = frozenset(
         "vramlens.estimator.activations",
         "vramlens.estimator.eager_attention",
         "vramlens.estimator.autocast_casts",
+        "vramlens.estimator.embedding_grads",
         "vramlens.estimator.fsdp",
         "vramlens.estimator.zero3",
         "vramlens.estimator.zero3_terms",

@@ -186,14 +186,20 @@ def _fsdp_peaks(batch: int, seq: int) -> list[int]:
 
 @_NEEDS_LITGPT
 @pytest.mark.slow
-def test_litgpt_fsdp_on_two_cpu_processes_matches_the_estimate() -> None:
+@pytest.mark.parametrize(("batch", "seq"), [(2, 128), (1, 512)])
+def test_litgpt_fsdp_on_two_cpu_processes_matches_the_estimate(batch: int, seq: int) -> None:
     """``litgpt finetune lora --devices 2``'s strategy: Fabric ModelParallelStrategy with litgpt's
     ``parallelize_fn`` (FSDP2 ``fully_shard`` per checkpoint-wrapped Block and the root; activation
-    checkpointing on), two CPU processes over gloo."""
+    checkpointing on), two CPU processes over gloo. At 512 tokens the peak is inside a recomputed
+    Block's MLP backward (Fabric's fp32 copies of the logit chunks kept by the loop beside it): 0.96
+    before that backward was written as measured (``test_training_hf.py``)."""
     from litgpt_step import LitgptRun
 
-    peaks = _fsdp_peaks(2, 128)
+    peaks = _fsdp_peaks(batch, seq)
     assert len(peaks) == 2 and peaks[0] == peaks[1]
-    workload = LitgptRun(batch=2, seq=128).workload() | {"parallel": {"gpus": 2, "shard": "fsdp"}, "recompute": "full"}
+    workload = LitgptRun(batch=batch, seq=seq).workload() | {
+        "parallel": {"gpus": 2, "shard": "fsdp"},
+        "recompute": "full",
+    }
     estimated = estimate(workload).allocated_bytes - CUBLAS_WORKSPACE_BYTES  # CUDA only
     assert estimated == pytest.approx(peaks[0], rel=0.03), f"estimate / tracked = {estimated / peaks[0]:.4f}"

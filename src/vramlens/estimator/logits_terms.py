@@ -54,7 +54,7 @@ class LossPlan:
                 Category.ACTIVATIONS,
                 amounts.head_input,
                 head.formula,
-                into="non_layer_bytes",
+                into="head_side_bytes",
                 alive="from the head's forward to its backward",
             )
         mem.logits = amounts.logits

@@ -237,7 +237,7 @@ def trace_phases(ctx: TrainingContext, mem: StageMemory) -> PhaseTrace | None:
         }
         probe.logits = dataclasses.replace(mem.logits, **fields)  # type: ignore[arg-type]
     probe.parts = dict(mem.parts)
-    for name in ("activations_bytes", "inputs_bytes", "non_layer_bytes"):
+    for name in ("activations_bytes", "inputs_bytes", "non_layer_bytes", "head_side_bytes"):
         categories = {term.category for term in mem.parts.get(name, ())}
         if len(categories) > 1:
             return None

@@ -21,7 +21,7 @@ from vramlens.estimator.outside_layers import final_norm_per_token, rotary_buffe
 from vramlens.estimator.paged import add_bnb_state
 from vramlens.estimator.qlora import dequantized_bytes
 from vramlens.estimator.stage_memory import WHOLE_STEP, Formula, StageMemory, Summed, record_effect
-from vramlens.estimator.stage_plan import StagePlan, at_seq, build_at_seq, fill_terms, sized_amounts
+from vramlens.estimator.stage_plan import StagePlan, at_seq, build_at_seq, fill_terms, mlp_out_elements, sized_amounts
 from vramlens.estimator.trl_head import head_input_per_token
 from vramlens.estimator.zero3 import grad_partitions_whole_step
 from vramlens.estimator.zero3_terms import zero3_step_gradients, zero3_unsharded
@@ -155,6 +155,8 @@ def _gradients(ctx: TrainingContext, mem: StageMemory) -> None:
         layer = int(stage.layer_elements * ctx.grad_bytes / d_grad)
         mem.layer_grads_bytes = layer if on_cpu_grads else min(mem.grads_bytes, layer)
         mem.formulas["layer_grads_bytes"] = f"{stage.layer_elements:,} x {ctx.grad_bytes} B / {d_grad}"
+        down = mlp_out_elements(ctx.spec) // parallel.tp
+        mem.mlp_out_grads_bytes = min(mem.layer_grads_bytes, int(down * ctx.grad_bytes / d_grad))
 
 
 def _unsharded(ctx: TrainingContext, mem: StageMemory) -> None:
@@ -279,7 +281,8 @@ def _stage_plan(ctx: TrainingContext, stage: StageView, targets: frozenset[str])
         in_flight=micro_batches_in_flight(parallel.pp_schedule, parallel.pp, ctx.workload.grad_accum)
         if stage.first
         else 1,
-        outside_per_token=rotary + final,
+        outside_per_token=rotary,
+        head_side_per_token=final,
         whole_layer=ctx.workload.recompute in (Recompute.FULL, Recompute.OFFLOAD),
         notes=("pp_schedule interleaved-1f1b: two model chunks per rank assumed",) if interleaved else (),
     )

@@ -42,6 +42,7 @@ Summed = Literal[
     "grad_buckets_bytes",
     "activations_bytes",
     "non_layer_bytes",
+    "head_side_bytes",
     "inputs_bytes",
     "casts_bytes",
     "dequant_bytes",
@@ -73,6 +74,9 @@ class StageMemory:
     head_grads_bytes: int = 0
     """The LM head's gradient (full fine-tuning): from the head's backward, the first of backward."""
     layer_grads_bytes: int = 0
+    mlp_out_grads_bytes: int = 0
+    """The part of ``layer_grads_bytes`` that is the MLP output projection's: made first in a layer's
+    backward, so already there when its MLP's gradients peak."""
     """Gradients of one decoder layer (full fine-tuning), produced last for the first layer."""
     activations_bytes: int = 0
     """Saved activations of the stage's layers: from their forward to their backward."""
@@ -80,6 +84,11 @@ class StageMemory:
     """A recomputed layer's tensors: inside that layer's backward."""
     non_layer_bytes: int = 0
     """Activations outside the decoder layers: from the forward to the end of backward."""
+    head_side_bytes: int = 0
+    """What the final norm and the LM head keep for backward (the norm's input and statistics, the
+    head's input, a head adapter's inputs): from the forward to their own backward, which runs
+    before any layer's, so none of it is alive in the layers' backward (tracked CPU runs of
+    transformers and LitGPT steps: the peak inside a recomputed layer's backward holds none)."""
     inputs_bytes: int = 0
     """Input ids and labels: whole step."""
     logits: LogitsMemory | None = None
@@ -173,6 +182,7 @@ SIZED_QUANTITIES = (
     "mixer_backward_bytes_per_token",
     "inputs_bytes",
     "non_layer_bytes",
+    "head_side_bytes",
     "logits",
     "head_cast_bytes",
     "working_bytes",

@@ -21,7 +21,9 @@ from vramlens.estimator.logits_terms import LossAmounts, LossPlan, loss_plan
 from vramlens.estimator.recompute import LayerActivations, eager_attention_working, layer_activations, train_state
 from vramlens.estimator.ring_attention import ring_backward_bytes
 from vramlens.estimator.stage_memory import WHOLE_STEP, StageEffect, StageMemory
+from vramlens.model.components import MlpKind
 from vramlens.model.modules import layer_linears
+from vramlens.model.spec import ModelSpec
 from vramlens.resolve._memo import MEMO_LIMIT
 from vramlens.resolve.context import TrainingContext
 from vramlens.units import format_bytes
@@ -49,6 +51,7 @@ class SizedAmounts(NamedTuple):
     mixer: float
     inputs: int
     outside: int
+    head_side: int
     head_input: int
     logits: LossAmounts | None
     working: int
@@ -95,6 +98,9 @@ class StagePlan:
     transients: StageEffect
     in_flight: float
     outside_per_token: float
+    """Rotary tables (the first stage): alive to the end of backward."""
+    head_side_per_token: float
+    """The final norm's saved tensors and the head's input (the last stage): to the head's backward."""
     whole_layer: bool
     """Full recompute or offload: a recomputed layer's tensors are the transient (when it has any)."""
     notes: tuple[str, ...]
@@ -120,7 +126,8 @@ class StagePlan:
         mem.recompute_bytes = amounts.recompute
         mem.masks_bytes_per_token, mem.mixer_backward_bytes_per_token = amounts.masks, amounts.mixer
         mem.inputs_bytes = filled.inputs_bytes + amounts.inputs
-        mem.non_layer_bytes = filled.non_layer_bytes + amounts.outside + amounts.head_input
+        mem.non_layer_bytes = filled.non_layer_bytes + amounts.outside
+        mem.head_side_bytes = filled.head_side_bytes + amounts.head_side + amounts.head_input
         if amounts.logits is not None:
             mem.logits, mem.head_cast_bytes = amounts.logits.kept, amounts.logits.cast_bytes
         mem.working_bytes, mem.forward_working_bytes = amounts.working, amounts.forward_working
@@ -173,7 +180,11 @@ def working_set(
     h = spec.hidden_size
     inner = spec.mlp.intermediate_size if spec.mlp else spec.moe.expert_intermediate_size * spec.moe.experts_per_token  # type: ignore[union-attr]
     adapter_sum, adapter_grad = _adapter_transients(ctx, targets, inner)
-    backward = a * (inner + h) + adapter_grad if recompute else a * (2 * inner + 2 * h)
+    dense = spec.mlp is not None and not spec.is_moe
+    if recompute and dense:
+        backward = recomputed_mlp_backward(ctx, targets, inner, adapter_grad)
+    else:
+        backward = a * (inner + h) + adapter_grad if recompute else a * (2 * inner + 2 * h)
     forward = (a * h + 2 * a * inner + adapter_sum) if recompute else max(4 * h + a * h, adapter_sum)
     # Eager attention's score tensors come and go apart from the MLP's intermediates; a recomputed
     # layer's forward runs inside the backward pass, its kept tensors counted as the transient.
@@ -191,6 +202,38 @@ def working_set(
         forward_per_rank=forward / tp + masks,
         besides_scores_per_rank=besides_scores,
     )
+
+
+def mlp_out_elements(spec: ModelSpec) -> int:
+    """Weight elements of a dense layer's MLP output projection (0 without a dense MLP or for MoE)."""
+    if spec.mlp is None or spec.is_moe:
+        return 0
+    return sum(s.in_features * s.out_features for s in layer_linears(spec) if s.group == "mlp_out")
+
+
+def recomputed_mlp_backward(ctx: TrainingContext, targets: frozenset[str], inner: int, adapter_grad: float) -> float:
+    """Bytes per token a recomputed dense layer's MLP backward holds beyond the layer's recomputed
+    tensors, at the higher of its two high points (tracked CPU runs of transformers' Llama layer under
+    non-reentrant checkpointing, LoRA on q/v, on every linear, and full fine-tuning:
+    ``tests/estimator/test_training_hf.py``):
+
+    * the activation's backward: the gradients of the MLP's intermediates (gated: the product's,
+      the activation's and the up projection's, ``3 a i``; plain: ``2 a i``) beside the incoming
+      hidden-state gradient (``a h``) and the input projections' adapter output gradients
+      (``adapter_grad``), less the down projection's kept input (the product, or an adapter's
+      cast copy of it), which its backward has freed by then;
+    * with an adapter on the down projection, its backward: the gradient of the adapter's input copy
+      and of its output (``d i + d h``, ``d`` the adapter's bytes) beside four hidden-state
+      gradients (incoming, the scaled branch's, the base branch's and their sum: ``4 a h``)."""
+    a, h, spec = ctx.compute_bytes, ctx.spec.hidden_size, ctx.spec
+    gradients = 3 if spec.mlp is not None and spec.mlp.kind is MlpKind.GATED else 2
+    down_adapted = ctx.method is not Method.FULL and any(
+        s.name in targets for s in layer_linears(spec) if s.group == "mlp_out"
+    )
+    d = 4 if ctx.profile.adapters_fp32 and not ctx.autocast else a
+    kept = a * inner if ctx.method is Method.FULL else (d * inner if down_adapted else 0)
+    activation = gradients * a * inner + a * h - kept + adapter_grad
+    return max(activation, d * (inner + h) + 4 * a * h) if down_adapted else activation
 
 
 def _adapter_transients(ctx: TrainingContext, targets: frozenset[str], inner: int) -> tuple[float, float]:
@@ -270,6 +313,7 @@ def sized_amounts(ctx: TrainingContext, plan: StagePlan, at: AtSeq) -> SizedAmou
         mixer=acts.mixer_backward_per_token,
         inputs=16 * tokens,
         outside=int(plan.outside_per_token * tokens),
+        head_side=int(plan.head_side_per_token * tokens),
         head_input=logits.head_input if logits is not None else 0,
         logits=logits,
         working=max(int(tokens * working.backward_per_rank), ring_backward_bytes(ctx)),
@@ -304,14 +348,22 @@ def fill_terms(ctx: TrainingContext, mem: StageMemory, plan: StagePlan, at: AtSe
         into="inputs_bytes",
         alive=WHOLE_STEP,
     )
-    outside = plan.outside_per_token
+    outside, head_side = plan.outside_per_token, plan.head_side_per_token
     mem.add(
-        "activations outside the layers (final norm, head input, rotary tables)",
+        "activations outside the layers (rotary tables)",
         Category.ACTIVATIONS,
         amounts.outside,
         lambda: f"{outside:,.0f} B/token",
         into="non_layer_bytes",
         alive="from the forward to the end of backward",
+    )
+    mem.add(
+        "final norm and LM head inputs (saved)",
+        Category.ACTIVATIONS,
+        amounts.head_side,
+        lambda: f"{head_side:,.0f} B/token",
+        into="head_side_bytes",
+        alive="from the final norm's forward to the head's and its own backward (before the layers')",
     )
     mem.notes.extend(acts.notes)
     mem.notes.extend(plan.notes)

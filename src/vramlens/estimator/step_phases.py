@@ -12,15 +12,16 @@ from __future__ import annotations
 from typing import cast
 
 from vramlens.categories import Category
+from vramlens.estimator.embedding_grads import pending_embedding_grad_bytes, tied_embedding_grad_bytes
 from vramlens.estimator.qlora import prepare_cast_bytes
 from vramlens.estimator.runtime import CUBLAS_FORMULA, CUBLAS_WORKSPACE_BYTES
 from vramlens.estimator.stage_memory import Formula, StageMemory, Summed
 from vramlens.estimator.zero3 import grad_partitions_whole_step
 from vramlens.resolve.context import TrainingContext
 from vramlens.result.report import PhaseMemory, Term
-from vramlens.workload.options import Shard
+from vramlens.workload.options import Recompute
 
-__all__ = ["pending_embedding_grad_bytes", "tied_embedding_grad_bytes", "training_phases"]
+__all__ = ["training_phases"]
 
 _C = Category
 
@@ -155,7 +156,7 @@ def _forward(ctx: TrainingContext, mem: StageMemory) -> PhaseMemory:
     where = "at the loss" if at_loss >= in_layer else "inside the last layer's forward"
     instant = _base(mem, where)
     _kept_gradients(ctx, mem, instant)
-    instant.parts("grad_buckets_bytes", "activations_bytes", "non_layer_bytes", "inputs_bytes")
+    instant.parts("grad_buckets_bytes", "activations_bytes", "non_layer_bytes", "head_side_bytes", "inputs_bytes")
     if at_loss >= in_layer:
         if mem.logits is not None:
             _logits(instant, mem.logits.forward_end, "logits and loss (at the loss)")
@@ -166,38 +167,6 @@ def _forward(ctx: TrainingContext, mem: StageMemory) -> PhaseMemory:
         _unsharded(instant, u.forward_layer, "in a layer's forward")
     instant.part("casts_bytes")
     return instant.phase("forward", f"end of forward: {where}")
-
-
-def tied_embedding_grad_bytes(ctx: TrainingContext) -> int:
-    """Bytes of one contribution to a tied embedding's gradient (vocab x hidden x grad bytes),
-    when the tied matrix is trained in full on one unsharded rank; else 0.
-
-    The matrix gets two gradient contributions (LM head first, embedding last). The
-    autograd engine buffers the head's until the embedding's arrives and sums them into a
-    new tensor (``InputBuffer::accumulate``), so at the embedding's backward both
-    contributions and their sum are alive. Seen in simulated and tracked CPU runs of tied
-    models (e.g. Llama-3.2-1B: three 1002 MiB fp32 tensors at once).
-    """
-    parallel = ctx.workload.parallel
-    unsharded = parallel.shard in (Shard.NONE, Shard.DDP, Shard.ZERO1)
-    if not (ctx.spec.tie_word_embeddings and ctx.full and unsharded and parallel.tp == 1 and parallel.pp == 1):
-        return 0
-    return ctx.spec.vocab_size * ctx.spec.hidden_size * ctx.grad_bytes
-
-
-def pending_embedding_grad_bytes(ctx: TrainingContext, mem: StageMemory) -> int:
-    """Bytes of the input embedding's gradient, which autograd makes only after the first
-    layer's backward: absent from "last layer of backward" (an untied matrix trained in full on
-    one unsharded rank without TP/PP; else 0). Seen in tracked CPU runs of checkpointed steps
-    (tests/experiments: the peak is inside the first layer's backward, the embedding's 2 MiB
-    gradient not yet there)."""
-    parallel = ctx.workload.parallel
-    unsharded = parallel.shard in (Shard.NONE, Shard.DDP, Shard.ZERO1)
-    if ctx.spec.tie_word_embeddings or not (ctx.full and mem.stage.first and unsharded):
-        return 0
-    if parallel.tp != 1 or parallel.pp != 1:
-        return 0
-    return ctx.spec.vocab_size * ctx.spec.hidden_size * ctx.grad_bytes
 
 
 def _gradients_so_far(instant: _Instant, in_backward: bool, missing: dict[str, int]) -> None:
@@ -220,7 +189,7 @@ def _gradients_so_far(instant: _Instant, in_backward: bool, missing: dict[str, i
 def _backward_start(ctx: TrainingContext, mem: StageMemory) -> tuple[str, _Instant]:
     instant = _base(mem, "start of backward")
     _kept_gradients(ctx, mem, instant)
-    instant.parts("grad_buckets_bytes", "activations_bytes", "non_layer_bytes", "inputs_bytes")
+    instant.parts("grad_buckets_bytes", "activations_bytes", "non_layer_bytes", "head_side_bytes", "inputs_bytes")
     if mem.logits is not None:
         _logits(instant, mem.logits.backward_start, "loss gradient beside the kept logits (start of backward)")
     instant.quantity("autocast weight copies alive in backward", _C.TEMPORARY, "casts_backward_bytes")
@@ -235,6 +204,7 @@ def _first_layers(ctx: TrainingContext, mem: StageMemory, outputs: int) -> tuple
     if not ctx.in_backward_step and not grad_partitions_whole_step(ctx):
         instant.quantity("LM head gradient (made first in backward)", _C.GRADIENTS, "head_grads_bytes")
     instant.parts("activations_bytes", "non_layer_bytes", "inputs_bytes")
+    _head_side_unless_recomputed(instant)
     instant.quantity("the recomputed layer's tensors", _C.ACTIVATIONS, "recompute_bytes")
     _kept_outputs(instant, outputs)
     instant.quantity("a layer's backward working set", _C.TEMPORARY, "working_bytes")
@@ -250,11 +220,19 @@ def _hook_step(mem: StageMemory, outputs: int) -> tuple[str, _Instant]:
     logits tensors are freed by then, the loop's kept outputs are not). An upper bound when the
     largest tensor is a layer's or the embedding's (their hooks run later, with fewer activations)."""
     instant = _base(mem, "inside the largest tensor's in-backward step")
-    instant.parts("grad_buckets_bytes", "activations_bytes", "non_layer_bytes", "inputs_bytes")
+    instant.parts("grad_buckets_bytes", "activations_bytes", "non_layer_bytes", "head_side_bytes", "inputs_bytes")
     _kept_outputs(instant, outputs)
     instant.quantity("the largest tensor's gradient and its step temporaries", _C.TEMPORARY, "hook_step_bytes")
     _unsharded(instant, mem.unsharded.backward_start, "at the start of backward")
     return "in backward: the largest tensor's optimizer step beside all activations", instant
+
+
+def _head_side_unless_recomputed(instant: _Instant) -> None:
+    """The final norm's and the head's saved tensors in a layer's backward: freed by then (their
+    backward runs first), as measured with whole-layer recompute; the no-recompute working set was
+    fitted with them counted, so they stay there until that set is re-derived (docs/accuracy.md)."""
+    if not instant.mem.recompute_bytes:
+        instant.part("head_side_bytes")
 
 
 def _kept_outputs(instant: _Instant, outputs: int) -> None:
@@ -266,6 +244,7 @@ def _backward_end(ctx: TrainingContext, mem: StageMemory, kept_to_end: int) -> t
     instant = _base(mem, "end of backward")
     _gradients_so_far(instant, ctx.in_backward_step, {})
     instant.parts("grad_buckets_bytes", "non_layer_bytes", "inputs_bytes")
+    _head_side_unless_recomputed(instant)
     _kept_outputs(instant, kept_to_end)
     if mem.end_working_bytes is None:
         instant.quantity("a layer's backward working set", _C.TEMPORARY, "working_bytes")
@@ -279,19 +258,22 @@ def _backward_end(ctx: TrainingContext, mem: StageMemory, kept_to_end: int) -> t
 
 def _last_layer(ctx: TrainingContext, mem: StageMemory, kept_to_end: int, embedding: int) -> tuple[str, _Instant]:
     instant = _base(mem, "inside the first layer's backward (the last backward reaches)")
-    missing = {"the first layer's": mem.layer_grads_bytes, "the input embedding's": embedding}
+    # The MLP's output projection's gradient is made first in the layer's backward (its MLP peaks after).
+    first = mem.layer_grads_bytes - (mem.mlp_out_grads_bytes if mem.recompute_bytes else 0)
+    missing = {"the first layer's": first, "the input embedding's": embedding}
     _gradients_so_far(instant, ctx.in_backward_step, {} if grad_partitions_whole_step(ctx) else missing)
     instant.parts("grad_buckets_bytes", "non_layer_bytes", "inputs_bytes")
+    _head_side_unless_recomputed(instant)
+    layers = max(mem.stage.layers, 1)
+    # Its own saved tensors until its backward ends: all of them, or its checkpointed input when every
+    # layer is checkpointed (with every k-th, an average would mix saved and checkpointed layers).
+    every = ctx.workload.recompute is Recompute.FULL and ctx.workload.recompute_every == 1
+    if every or not mem.recompute_bytes:
+        what = "checkpointed input" if mem.recompute_bytes else "saved activations"
+        formula = f"activations {mem.activations_bytes:,} B / {layers} layers"
+        instant.add(f"the first layer's {what}", _C.ACTIVATIONS, mem.activations_bytes // layers, formula)
     if mem.recompute_bytes:
         instant.quantity("the recomputed layer's tensors", _C.ACTIVATIONS, "recompute_bytes")
-    else:
-        layers = max(mem.stage.layers, 1)
-        instant.add(
-            "the first layer's saved activations",
-            _C.ACTIVATIONS,
-            mem.activations_bytes // layers,
-            lambda: f"activations {mem.activations_bytes:,} B / {layers} layers",
-        )
     _kept_outputs(instant, kept_to_end)
     instant.quantity("a layer's backward working set", _C.TEMPORARY, "working_bytes")
     instant.quantity("autocast weight copies alive in backward", _C.TEMPORARY, "casts_backward_bytes")
@@ -309,6 +291,7 @@ def _tied_backward(ctx: TrainingContext, mem: StageMemory, outputs: int, tied: i
     missing = {} if tied or grad_partitions_whole_step(ctx) else {"the tied matrix's": mem.head_grads_bytes}
     _gradients_so_far(instant, ctx.in_backward_step, missing)
     instant.parts("grad_buckets_bytes", "non_layer_bytes", "inputs_bytes")
+    _head_side_unless_recomputed(instant)
     _kept_outputs(instant, outputs)
     instant.add(
         "tied embedding: the LM head's gradient contribution and the sum (InputBuffer::accumulate)",
