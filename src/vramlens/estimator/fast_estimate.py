@@ -14,7 +14,7 @@ guards do not hold for a workload, the estimate is made term by term, and its tr
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -63,7 +63,7 @@ class FastEstimate:
     def estimate(self, ctx: TrainingContext, plan: _Plan, gpu: GpuSpec | None) -> MemoryReport | None:
         """``ctx``'s report (terms made when read), or None where a trace does not describe it."""
         layout = plan.layout
-        best: tuple[int, StageMemory, PhaseTrace, list[int | float], list[tuple[str, str, int]]] | None = None
+        best: tuple[int, StageMemory, PhaseTrace, Sequence[int | float], list[tuple[str, str, int]]] | None = None
         for index, stage in enumerate(layout.stages):
             mem = stage_memory(ctx, stage, layout.targets, plan.stages[index], terms=False)
             for trace in self.traces[index]:
@@ -135,7 +135,7 @@ class _Made:
 
 
 def _sums(
-    trace: PhaseTrace, index: int, values: list[int | float], given: dict[Category, int] | None
+    trace: PhaseTrace, index: int, values: Sequence[int | float], given: dict[Category, int] | None
 ) -> Callable[[], dict[Category, int]]:
     return partial(_given, given) if given is not None else partial(trace.breakdown, index, values)
 
