@@ -44,9 +44,7 @@ def estimate_resolved(spec: ModelSpec, workload: Workload, gpu: GpuSpec | None) 
 
         report = estimate_inference(spec, workload, gpu=gpu)
     else:
-        from vramlens.estimator.training import estimate_training
-
-        report = estimate_training(spec, workload, gpu=gpu)
+        report = _training()(spec, workload, gpu=gpu)
     largest = max(report.device_bytes, report.reserved_bytes, report.allocated_bytes)
     if largest > MAX_ESTIMATE_BYTES:
         raise InputError(
@@ -54,3 +52,16 @@ def estimate_resolved(spec: ModelSpec, workload: Workload, gpu: GpuSpec | None) 
             f"comes near; check batch ({workload.batch:,}), seq ({workload.seq:,}), context and max_num_seqs"
         )
     return report
+
+
+def _training() -> Any:
+    """:func:`~vramlens.estimator.training.estimate_training` (imported on the first training estimate)."""
+    found = _TRAINING.get("estimate")
+    if found is None:
+        from vramlens.estimator.training import estimate_training
+
+        found = _TRAINING["estimate"] = estimate_training
+    return found
+
+
+_TRAINING: dict[str, Any] = {}

@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from vramlens._records import maker
 from vramlens.workload.options import LossImpl
 
 __all__ = ["LogitsMemory", "logits_memory"]
@@ -52,6 +53,10 @@ class LogitsMemory:
     outputs: int
     """Model outputs the training loop holds through the whole backward pass (``outputs.logits``)."""
     formula: str
+
+
+#: :class:`LogitsMemory` made as its ``__init__`` would, faster (one per estimate).
+_logits = maker(LogitsMemory)
 
 
 def logits_memory(
@@ -89,7 +94,7 @@ def logits_memory(
 
 def _fused_linear(tokens: int, hidden: int, a: int) -> LogitsMemory:
     chunk = 8 * hidden + a * hidden
-    return LogitsMemory(
+    return _logits(
         forward_end=tokens * chunk,
         kept=tokens * a * hidden,
         backward_start=tokens * a * hidden,
@@ -103,7 +108,7 @@ def _chunked(tokens: int, v: int, a: int, kept_output: int, chunks: float) -> Lo
     # this chunk's fp32 up-cast. Backward: the kept log-probabilities and one chunk's
     # two gradients (of the log-probabilities and of the up-cast logits).
     chunks = max(chunks, 1)
-    return LogitsMemory(
+    return _logits(
         forward_end=int(tokens * (a * v + 4 * v + 4 * v / chunks)),
         kept=tokens * (4 * v + kept_output),
         backward_start=int(tokens * (4 * v + 8 * v / chunks + kept_output)),
@@ -113,7 +118,7 @@ def _chunked(tokens: int, v: int, a: int, kept_output: int, chunks: float) -> Lo
 
 
 def _vocab_parallel(tokens: int, v: int, a: int, kept_output: int) -> LogitsMemory:
-    return LogitsMemory(
+    return _logits(
         forward_end=tokens * (a + 12) * v,
         kept=tokens * (4 * v + kept_output),
         backward_start=tokens * (16 * v + kept_output),
@@ -126,7 +131,7 @@ def _vocab_parallel(tokens: int, v: int, a: int, kept_output: int) -> LogitsMemo
 def _compiled(tokens: int, v: int, a: int, kept_output: int) -> LogitsMemory:
     # A kept output in the logits dtype is the logits themselves; accelerate's fp32 copy is another tensor.
     extra = 0 if kept_output == a * v else kept_output
-    return LogitsMemory(
+    return _logits(
         forward_end=tokens * (a * v + 4),
         kept=tokens * (a * v + extra),
         backward_start=tokens * (2 * a * v + extra),
@@ -139,7 +144,7 @@ def _compiled(tokens: int, v: int, a: int, kept_output: int) -> LogitsMemory:
 def _full(tokens: int, v: int, a: int, kept_output: int, *, softcap: bool) -> LogitsMemory:
     upcast = 0 if a == 4 else 4  # logits.float() is a no-op for fp32 logits
     tanh = a * v if softcap else 0  # the soft-cap's tanh output, kept for backward
-    return LogitsMemory(
+    return _logits(
         forward_end=tokens * ((a + upcast + 4) * v + tanh),
         kept=tokens * (4 * v + kept_output + tanh),
         backward_start=tokens * (12 * v + kept_output + tanh),
