@@ -34,6 +34,10 @@ __all__ = ["PhaseTrace", "Traced", "Untraceable", "trace_phases"]
 
 _SCALARS = tuple(name for name in SIZED_QUANTITIES if name != "logits")
 _LOGITS = ("forward_end", "kept", "backward_start", "outputs")
+#: The inputs that may hold a float (bytes per token); every other input is a number of bytes (an integer).
+_FLOATS = frozenset(
+    index for index, name in enumerate(_SCALARS) if name in ("masks_bytes_per_token", "mixer_backward_bytes_per_token")
+)
 #: What each guard asserts of its form's value.
 _CHECKS: dict[str, Callable[[int | float, int], bool]] = {
     "lt": operator.lt, "le": operator.le, "gt": operator.gt, "ge": operator.ge, "eq": operator.eq, "ne": operator.ne,
@@ -170,10 +174,11 @@ class PhaseTrace:
             zero=[index for index, held in plain if held == "eq"],
             guards=[(form, held) for form, held in guards if not _plain(*form, held)],
             phases=[(name, note, allocated) for name, note, allocated, _ in phases],
+            floats=_FLOATS,
         )
         """``inputs -> (values, phases)``, or None where a guard fails (:mod:`~vramlens.estimator.trace_code`)."""
         count = recorder.inputs + len(recorder.derived)
-        self.breakdowns = tuple(compile_breakdown(count, forms) for _, _, _, forms in phases)
+        self.breakdowns = tuple(compile_breakdown(count, forms, _FLOATS) for _, _, _, forms in phases)
         """Each phase's breakdown: ``values -> {category: bytes}`` in the order the categories first appear."""
 
     def phases_of(self, mem: StageMemory) -> tuple[Sequence[int | float], list[tuple[str, str, int]]] | None:

@@ -8,7 +8,10 @@ operations in the same order, so every value is the one the closures give:
 
 * a derived input is ``int(constant + c1 * v1 + c2 * v2 ...) // divisor`` (left to right);
 * a form of one input is ``c * v + constant``; of more, ``constant + sum((c1 * v1, c2 * v2, ...))``
-  (``sum`` over the products in order, as ``sum(map(operator.mul, ...))`` adds them);
+  (``sum`` over the products in order, as ``sum(map(operator.mul, ...))`` adds them) where an input
+  may hold a float (``floats``: the per-token amounts), else ``constant + (c1 * v1 + c2 * v2 ...)``,
+  the same integer (``sum`` of integers is their sum in any order; of floats, since Python 3.12, a
+  compensated sum, which chained additions are not);
 * a guard is its form compared with 0 (or, for "an input is (not) 0", the input's truth).
 
 Only integers and the trace's own names reach the source (categories, phase names and notes are
@@ -33,7 +36,7 @@ def _product(index: int, coefficient: int) -> str:
     return f"({int(coefficient)}) * v{int(index)}"
 
 
-def _form(form: Form) -> str:
+def _form(form: Form, floats: frozenset[int]) -> str:
     """The source of a form, as the trace's evaluator computes it."""
     terms, constant = form
     if not terms:
@@ -41,8 +44,10 @@ def _form(form: Form) -> str:
     if len(terms) == 1:
         ((index, coefficient),) = terms
         return f"({_product(index, coefficient)} + ({int(constant)}))"
-    products = ", ".join(_product(index, coefficient) for index, coefficient in terms)
-    return f"(({int(constant)}) + sum(({products},)))"
+    products = [_product(index, coefficient) for index, coefficient in terms]
+    if any(index in floats for index, _ in terms):
+        return f"(({int(constant)}) + sum(({', '.join(products)},)))"
+    return f"(({int(constant)}) + ({' + '.join(products)}))"
 
 
 def _derived(form: Form, divisor: int) -> str:
@@ -65,6 +70,7 @@ def compile_phases(
     zero: Sequence[int],
     guards: Sequence[tuple[Form, str]],
     phases: Sequence[tuple[str, str, Form]],
+    floats: frozenset[int],
 ) -> Callable[[Sequence[int | float]], tuple[tuple[int | float, ...], list[tuple[str, str, int]]] | None]:
     """``inputs -> (inputs and derived inputs, [(name, note, allocated bytes) per phase])``, or None
     when a guard fails: a phase trace's ``phases_of`` in one function."""
@@ -77,17 +83,19 @@ def compile_phases(
     if zero:
         lines.append(f"    if {' or '.join(f'v{int(index)}' for index in zero)}:\n        return None")
     for form, check in guards:
-        lines.append(f"    if not ({_form(form)} {_OPERATORS[check]} 0):\n        return None")
-    made = ", ".join(f"(N{index}, T{index}, {_form(form)})" for index, (_, _, form) in enumerate(phases))
+        lines.append(f"    if not ({_form(form, floats)} {_OPERATORS[check]} 0):\n        return None")
+    made = ", ".join(f"(N{index}, T{index}, {_form(form, floats)})" for index, (_, _, form) in enumerate(phases))
     lines.append(f"    return ({every},), [{made}]")
     names = {f"N{index}": name for index, (name, _, _) in enumerate(phases)}
     names.update({f"T{index}": note for index, (_, note, _) in enumerate(phases)})
     return _function("phases", lines, names)
 
 
-def compile_breakdown(count: int, forms: Sequence[tuple[object, Form]]) -> Callable[[Sequence[int | float]], dict[Any, int]]:
+def compile_breakdown(
+    count: int, forms: Sequence[tuple[object, Form]], floats: frozenset[int]
+) -> Callable[[Sequence[int | float]], dict[Any, int]]:
     """``values -> {category: bytes}`` of one phase's breakdown (``count`` values: inputs and derived)."""
     lines = ["def breakdown(values):", f"    {', '.join(f'v{index}' for index in range(count))}, = values"]
-    items = ", ".join(f"C{index}: {_form(form)}" for index, (_, form) in enumerate(forms))
+    items = ", ".join(f"C{index}: {_form(form, floats)}" for index, (_, form) in enumerate(forms))
     lines.append(f"    return {{{items}}}")
     return _function("breakdown", lines, {f"C{index}": category for index, (category, _) in enumerate(forms)})
