@@ -31,13 +31,14 @@ Per token, with ``V`` the vocabulary on this rank and ``a`` the logits dtype byt
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
 from vramlens._records import maker
 from vramlens.workload.options import LossImpl
 
-__all__ = ["LogitsMemory", "logits_memory"]
+__all__ = ["LogitsMemory", "logits_memory", "logits_per_tokens"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -80,16 +81,46 @@ def logits_memory(
     ``chunks`` is the tokens divided by the tokens of the largest chunk (not always an integer).
     ``softcap``: the model soft-caps its final logits (counted for the ``full`` loss).
     """
+    per_tokens = logits_per_tokens(
+        loss,
+        vocab=vocab,
+        hidden=hidden,
+        logits_bytes=logits_bytes,
+        keeps_logits=keeps_logits,
+        chunks=chunks,
+        kept_bytes=kept_bytes,
+        loss_parallel=loss_parallel,
+        compiled=compiled,
+        softcap=softcap,
+    )
+    return per_tokens(tokens)
+
+
+def logits_per_tokens(
+    loss: LossImpl,
+    *,
+    vocab: int,
+    hidden: int,
+    logits_bytes: int,
+    keeps_logits: bool,
+    chunks: float,
+    kept_bytes: int | None = None,
+    loss_parallel: bool = False,
+    compiled: bool = False,
+    softcap: bool = False,
+) -> Callable[[int], LogitsMemory]:
+    """``tokens -> logits_memory(loss, tokens=tokens, ...)`` for these arguments: which loss path, and
+    the bytes the model output keeps per token, worked out once (:func:`logits_memory`)."""
     kept_output = (kept_bytes or logits_bytes) * vocab if keeps_logits else 0
     if loss is LossImpl.FUSED_LINEAR:
-        return _fused_linear(tokens, hidden, logits_bytes)
+        return lambda tokens: _fused_linear(tokens, hidden, logits_bytes)
     if loss is LossImpl.CHUNKED:
-        return _chunked(tokens, vocab, logits_bytes, kept_output, chunks)
+        return lambda tokens: _chunked(tokens, vocab, logits_bytes, kept_output, chunks)
     if loss_parallel:
-        return _vocab_parallel(tokens, vocab, logits_bytes, kept_output)
+        return lambda tokens: _vocab_parallel(tokens, vocab, logits_bytes, kept_output)
     if compiled:
-        return _compiled(tokens, vocab, logits_bytes, kept_output)
-    return _full(tokens, vocab, logits_bytes, kept_output, softcap=softcap)
+        return lambda tokens: _compiled(tokens, vocab, logits_bytes, kept_output)
+    return lambda tokens: _full(tokens, vocab, logits_bytes, kept_output, softcap=softcap)
 
 
 def _fused_linear(tokens: int, hidden: int, a: int) -> LogitsMemory:
