@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections.abc import Sequence
+from functools import partial
+from typing import Any
 
 from vramlens.allocator._blocks import (
     K_LARGE_BUFFER,
@@ -37,6 +39,7 @@ from vramlens.allocator._blocks import (
     round_request,
 )
 from vramlens.allocator._caching import CachingAllocatorModel
+from vramlens.allocator._fixed_loop import replay_events
 from vramlens.allocator._replay import AllocatorSettings
 from vramlens.allocator.pattern import Event, Pattern, PatternPeaks, Repeat
 from vramlens.allocator.streams import Stream
@@ -326,15 +329,16 @@ def repeated_peaks(
     (:meth:`ReplayingPattern.state_key`). The peaks are then those of any count of copies at least
     the number returned (``tests/allocator/test_repeated_peaks.py``: against
     :func:`~vramlens.allocator.pattern.pattern_peaks` of the copies written out)."""
-    sink, live = replaying_pattern(settings), dict[int, int]()
+    sink, live = replaying_pattern(settings), dict[int, Any]()
+    replay = partial(replay_events if isinstance(sink, FixedSegmentReplay) else _replay, sink, live)
     converged = list[int | None]()
     for part in parts:
         if not isinstance(part, Repeat):
-            _replay(sink, live, part)
+            replay(part)
             continue
         before, found = sink.state_key(), None
         for copy in range(1, part.count + 1):
-            _replay(sink, live, part.events)
+            replay(part.events)
             after = sink.state_key()
             if after == before:
                 found = copy
