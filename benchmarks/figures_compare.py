@@ -89,7 +89,9 @@ def _spec(model: str) -> Any:
 
 def _figures(report: Any) -> list[Any]:
     """What an estimate says before its terms are read (see the module docstring)."""
-    phases = [(p.name, p.note, p.allocated_bytes, [(c.value, b) for c, b in p.breakdown.items()]) for p in report.phases]
+    phases = [
+        (p.name, p.note, p.allocated_bytes, [(c.value, b) for c, b in p.breakdown.items()]) for p in report.phases
+    ]
     levels = [report.peak_phase, report.allocated_bytes, report.reserved_bytes, report.device_bytes]
     levels += [report.allocator_slack_bytes, sorted(report.runtime.items()), repr(report.safe)]
     return [phases, levels, report.fits, report.headroom_bytes]
@@ -107,7 +109,9 @@ def dump(sizes: int) -> list[Any]:
         spec = _spec(model)
         for batch, seq, accumulation in points:
             try:
-                workload = load_workload({**data, "model": spec, "batch": batch, "seq": seq, "grad_accum": accumulation})
+                workload = load_workload(
+                    {**data, "model": spec, "batch": batch, "seq": seq, "grad_accum": accumulation}
+                )
                 report = estimate_resolved(spec, workload, resolve_gpu(workload.gpu))
                 fast = hasattr(type(report), "presented")  # made by the fast estimate (terms when read)
                 found.append([_figures(report), json.dumps(report.to_dict(), sort_keys=True, default=str), fast])

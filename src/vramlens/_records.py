@@ -29,7 +29,9 @@ def _names(cls: type) -> list[str]:
 def _function(cls: type, source: list[str], names: list[str]) -> Callable[..., Any]:
     namespace: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
     namespace.update({f"_set_{name}": cls.__dict__[name].__set__ for name in names})
-    exec(compile("\n".join(source), f"<{cls.__name__} maker>", "exec"), namespace)  # noqa: S102 (field names only)
+    exec(
+        compile("\n".join(source), f"<{cls.__name__} maker>", "exec"), namespace
+    )  # only the class's field names are in the source
     return namespace["make"]  # type: ignore[no-any-return]
 
 
@@ -49,8 +51,6 @@ def replacer(cls: type[T], *changed: str) -> Callable[..., T]:
     if not set(changed) <= set(names):
         raise TypeError(f"{cls.__name__}: no field {sorted(set(changed) - set(names))}")
     source = [f"def make(old, {', '.join(changed)}):", "    made = _new(_cls)"]
-    source += [
-        f"    _set_{name}(made, {name if name in changed else f'old.{name}'})" for name in names
-    ]
+    source += [f"    _set_{name}(made, {name if name in changed else f'old.{name}'})" for name in names]
     source.append("    return made")
     return _function(cls, source, names)

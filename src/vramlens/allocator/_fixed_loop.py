@@ -42,13 +42,16 @@ def replay_events(sink: FixedSegmentReplay, live: Live, events: Sequence[Event])
         if nbytes <= 0:
             found = live.pop(key, None)
             if found is not None:
-                address, size, pool = found
-                allocated -= size
-                _cache(pool, free_start, free_end, starts, address, size)
+                allocated -= found[1]
+                _cache(found, free_start, free_end, starts)
             continue
         made += 1
         if plain:  # round_request without divisions
-            size = -(-int(nbytes) // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE if nbytes > K_MIN_BLOCK_SIZE else K_MIN_BLOCK_SIZE
+            size = (
+                -(-int(nbytes) // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE
+                if nbytes > K_MIN_BLOCK_SIZE
+                else K_MIN_BLOCK_SIZE
+            )
         else:
             known = rounded.get(nbytes)
             if known is None:
@@ -81,9 +84,11 @@ def replay_events(sink: FixedSegmentReplay, live: Live, events: Sequence[Event])
 
 
 def _cache(
-    pool: list[int], free_start: dict[int, int], free_end: dict[int, int], starts: set[int], address: int, size: int
+    block: tuple[int, int, list[int]], free_start: dict[int, int], free_end: dict[int, int], starts: set[int]
 ) -> None:
-    """``free_block``: merge the free neighbours within the segment, then cache the block."""
+    """``free_block``: merge the free neighbours of ``block`` (address, bytes, pool) within its
+    segment, then cache it."""
+    address, size, pool = block
     before = None if address in starts else free_end.get(address)
     if before is not None:
         merged = free_start.pop(before)

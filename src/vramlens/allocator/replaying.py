@@ -330,7 +330,9 @@ def repeated_peaks(
     the number returned (``tests/allocator/test_repeated_peaks.py``: against
     :func:`~vramlens.allocator.pattern.pattern_peaks` of the copies written out)."""
     sink, live = replaying_pattern(settings), dict[int, Any]()
-    replay = partial(replay_events if isinstance(sink, FixedSegmentReplay) else _replay, sink, live)
+    replay = (
+        partial(replay_events, sink, live) if isinstance(sink, FixedSegmentReplay) else partial(_replay, sink, live)
+    )
     converged = list[int | None]()
     for part in parts:
         if not isinstance(part, Repeat):

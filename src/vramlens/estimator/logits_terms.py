@@ -41,7 +41,7 @@ class LossPlan:
         """The logits and loss bytes of ``ctx``'s tokens (see :class:`LossAmounts`)."""
         tokens, head, head_input = ctx.tokens, self.head, 0
         per_tokens = self.per_tokens
-        logits = fused_head_memory(fused_head(ctx)) if per_tokens is None else per_tokens(tokens)
+        logits = fused_head_memory(fused_head(ctx)) if per_tokens is None else per_tokens(tokens)  # type: ignore[arg-type]
         if head is not None:
             logits = with_lora_head(logits, head, tokens)
             head_input = int(head.saved * tokens)
@@ -107,7 +107,7 @@ def loss_plan(ctx: TrainingContext, targets: frozenset[str] = frozenset()) -> Lo
             "compiled": ctx.compiled_loss,
             "softcap": ctx.spec.final_logit_softcap is not None,
         }
-        logits = partial(logits_memory, ctx.loss, **arguments)
+        logits = partial(logits_memory, ctx.loss, **arguments)  # type: ignore[arg-type]
         per_tokens = logits_per_tokens(ctx.loss, **arguments)  # type: ignore[arg-type]
     return LossPlan(
         note=rule_note(ctx.workload.versions, "loss_upcast") if upcast else None,

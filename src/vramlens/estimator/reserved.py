@@ -217,7 +217,9 @@ def training_slack(
     if template is not None:
         vocabulary = template.slack(ctx, mem, settings)  # type: ignore[attr-defined]
         less = template.layer_gradients_bytes  # type: ignore[attr-defined]
-        return _slack(vocabulary_bytes=max(0, vocabulary - less), layers_bytes=layers, spread_bytes=spread, replayed=False)
+        return _slack(
+            vocabulary_bytes=max(0, vocabulary - less), layers_bytes=layers, spread_bytes=spread, replayed=False
+        )
     loss = training_loss_script(ctx, mem, targets)
     edges = step_shape(ctx, mem, targets, layers=False)
     if edges.gather_copy_out or replays_whole_step(ctx):

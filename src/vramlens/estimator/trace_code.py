@@ -59,7 +59,7 @@ def _derived(form: Form, divisor: int) -> str:
 
 def _function(name: str, lines: Sequence[str], names: dict[str, Any]) -> Callable[..., Any]:
     namespace: dict[str, Any] = dict(names)
-    exec(compile("\n".join(lines), f"<phase trace {name}>", "exec"), namespace)  # noqa: S102 (integers and fixed names only)
+    exec(compile("\n".join(lines), f"<phase trace {name}>", "exec"), namespace)  # only integers and v<N>, N<N>, T<N>, C<N> names
     return namespace[name]  # type: ignore[no-any-return]
 
 
