@@ -39,7 +39,6 @@ from vramlens.allocator._blocks import (
     round_request,
 )
 from vramlens.allocator._caching import CachingAllocatorModel
-from vramlens.allocator._fixed_loop import replay_events
 from vramlens.allocator._replay import AllocatorSettings
 from vramlens.allocator.pattern import Event, Pattern, PatternPeaks, Repeat
 from vramlens.allocator.streams import Stream
@@ -329,10 +328,13 @@ def repeated_peaks(
     (:meth:`ReplayingPattern.state_key`). The peaks are then those of any count of copies at least
     the number returned (``tests/allocator/test_repeated_peaks.py``: against
     :func:`~vramlens.allocator.pattern.pattern_peaks` of the copies written out)."""
+    from vramlens.allocator._fixed_loop import replay_events  # where repeated runs are replayed (not one estimate)
+
     sink, live = replaying_pattern(settings), dict[int, Any]()
-    replay = (
-        partial(replay_events, sink, live) if isinstance(sink, FixedSegmentReplay) else partial(_replay, sink, live)
-    )
+    if isinstance(sink, FixedSegmentReplay):
+        replay = partial(replay_events, sink, live)
+    else:
+        replay = partial(_replay, sink, live)
     converged = list[int | None]()
     for part in parts:
         if not isinstance(part, Repeat):
