@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from vramlens.errors import InputError
@@ -54,8 +54,9 @@ def estimate_resolved(spec: ModelSpec, workload: Workload, gpu: GpuSpec | None) 
     return report
 
 
-def _training() -> Any:
-    """:func:`~vramlens.estimator.training.estimate_training` (imported on the first training estimate)."""
+def _training() -> Callable[..., MemoryReport]:
+    """:func:`~vramlens.estimator.training.estimate_training`, imported by the first training
+    estimate (an ``import`` statement in :func:`estimate_resolved` would run on every call)."""
     found = _TRAINING.get("estimate")
     if found is None:
         from vramlens.estimator.training import estimate_training
@@ -64,4 +65,4 @@ def _training() -> Any:
     return found
 
 
-_TRAINING: dict[str, Any] = {}
+_TRAINING: dict[str, Callable[..., MemoryReport]] = {}

@@ -8,8 +8,8 @@ sized quantity (:data:`~vramlens.estimator.stage_memory.SIZED_QUANTITIES`, the l
 :class:`Traced` integer: arithmetic records an exact integer-linear form over them (``//`` by a
 constant a derived input), and every comparison or truth test records what it found (a guard).
 :meth:`PhaseTrace.phases_of` gives another workload's phase bytes and breakdowns by evaluating those
-forms (written out as one function per trace: :mod:`vramlens.estimator.trace_code`), or None when a guard no longer holds (the caller then runs the code itself). Anything else
-done with a traced value (hashing, conversion, division by a variable, formatting) raises
+forms (written out as one function per trace: :mod:`vramlens.estimator.trace_code`), or None when
+a guard no longer holds (the caller then runs the code itself). Anything else done with a traced value (hashing, conversion, division by a variable, formatting) raises
 :class:`Untraceable` and no trace is made.
 """
 

@@ -59,7 +59,8 @@ def _derived(form: Form, divisor: int) -> str:
 
 def _function(name: str, lines: Sequence[str], names: dict[str, Any]) -> Callable[..., Any]:
     namespace: dict[str, Any] = dict(names)
-    exec(compile("\n".join(lines), f"<phase trace {name}>", "exec"), namespace)  # only integers and v<N>, N<N>, T<N>, C<N> names
+    # The source holds integers and the names v<N>, N<N>, T<N>, C<N> only.
+    exec(compile("\n".join(lines), f"<phase trace {name}>", "exec"), namespace)
     return namespace[name]  # type: ignore[no-any-return]
 
 

@@ -46,6 +46,7 @@ def _made_later(name: str, pending: str, check: Callable[[PhaseMemory, Any], Any
     def write(phase: PhaseMemory, value: Any) -> None:
         slot.__set__(phase, value)
         object.__setattr__(phase, pending, None)
+        object.__setattr__(phase, argument, None)
 
     return property(read, write)
 
