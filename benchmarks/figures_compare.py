@@ -67,7 +67,7 @@ def cases(sizes: int) -> list[tuple[str, dict[str, Any], list[tuple[int, int, in
                 data[key] = draw.choice(values)
         points = [(draw.randint(1, 8), draw.choice([256, 512, 1000, 1024, 2048]) + draw.randint(0, 3) * 64, 1)]
         for _ in range(sizes - 1):
-            points.append((draw.randint(1, 8), draw.randint(2, 64) * 32, draw.choice([1, 1, 2, 4])))
+            points.append((draw.randint(1, 8), draw.randint(2, 64) * 32, draw.choice([1, 1, 1, 1, 2, 4])))
         found.append((model, data, points))
     return found
 
@@ -123,7 +123,7 @@ def dump(sizes: int) -> list[Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--other-src", help="the other tree's src directory")
-    parser.add_argument("--sizes", type=int, default=6)
+    parser.add_argument("--sizes", type=int, default=8)
     parser.add_argument("--dump", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.dump:
