@@ -15,7 +15,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "vramlens"
 LAYERS: tuple[frozenset[str], ...] = tuple(
     frozenset(names.split())
     for names in (
-        "_version _compat _lazy _dataclass_cache errors",
+        "_version _compat _lazy _dataclass_cache _records errors",
         "units dtypes categories _extras _files _untrusted",
         "allocator hardware _notes",
         "model",

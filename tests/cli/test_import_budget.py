@@ -34,6 +34,7 @@ ALLOWED = frozenset(
         "vramlens._files",
         "vramlens._lazy",
         "vramlens._notes",
+        "vramlens._records",
         "vramlens._untrusted",
         "vramlens._version",
         "vramlens.allocator",

@@ -140,3 +140,26 @@ def test_a_dropped_fast_report_is_freed_at_once_and_its_kept_phases_still_give_t
     made = _report(cold, {**data, **sizes}).phases[-1]
     assert [term.to_dict() for term in kept.terms] == [term.to_dict() for term in made.terms]
     assert kept.breakdown == made.breakdown
+
+
+def test_the_benchmark_sweep_is_the_estimate_made_term_by_term() -> None:
+    """``benchmarks/speed.py``'s sweep (70B, LoRA, ZeRO-3, full recompute): batch x grad_accum x seq
+    points in its order on one warm model, each fast one (traced phases, vocabulary template, slack
+    replayed once per set of sizes) equal to the same workload estimated from an empty memo."""
+    spec = copy.copy(load_model("llama-3-70b"))
+    spec.__dict__.pop("derived_cache", None)
+    data = {
+        "method": "lora",
+        "lora": {"rank": 16, "targets": "all-linear"},
+        "recompute": "full",
+        "parallel": {"gpus": 8, "shard": "zero3"},
+        "gpu": "a100-80gb",
+    }
+    points = [(1 + i % 8, 1 + i // 8 % 4, 512 + i // 32 + 7 * (i % 5)) for i in range(0, 2400, 53)]
+    fast = 0
+    for batch, accumulation, seq in points:
+        draw = {**data, "batch": batch, "grad_accum": accumulation, "seq": seq}
+        report = _report(spec, draw)
+        fast += hasattr(type(report), "presented")
+        assert _figures(report) == _cold("llama-3-70b", draw)
+    assert fast >= len(points) - 8  # all but the first two of each grad_accum

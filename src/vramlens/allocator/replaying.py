@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections.abc import Sequence
+from functools import partial
+from typing import Any
 
 from vramlens.allocator._blocks import (
     K_LARGE_BUFFER,
@@ -326,15 +328,21 @@ def repeated_peaks(
     (:meth:`ReplayingPattern.state_key`). The peaks are then those of any count of copies at least
     the number returned (``tests/allocator/test_repeated_peaks.py``: against
     :func:`~vramlens.allocator.pattern.pattern_peaks` of the copies written out)."""
-    sink, live = replaying_pattern(settings), dict[int, int]()
+    from vramlens.allocator._fixed_loop import replay_events  # where repeated runs are replayed (not one estimate)
+
+    sink, live = replaying_pattern(settings), dict[int, Any]()
+    if isinstance(sink, FixedSegmentReplay):
+        replay = partial(replay_events, sink, live)
+    else:
+        replay = partial(_replay, sink, live)
     converged = list[int | None]()
     for part in parts:
         if not isinstance(part, Repeat):
-            _replay(sink, live, part)
+            replay(part)
             continue
         before, found = sink.state_key(), None
         for copy in range(1, part.count + 1):
-            _replay(sink, live, part.events)
+            replay(part.events)
             after = sink.state_key()
             if after == before:
                 found = copy

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from vramlens.errors import InputError
@@ -44,9 +44,7 @@ def estimate_resolved(spec: ModelSpec, workload: Workload, gpu: GpuSpec | None) 
 
         report = estimate_inference(spec, workload, gpu=gpu)
     else:
-        from vramlens.estimator.training import estimate_training
-
-        report = estimate_training(spec, workload, gpu=gpu)
+        report = _training()(spec, workload, gpu=gpu)
     largest = max(report.device_bytes, report.reserved_bytes, report.allocated_bytes)
     if largest > MAX_ESTIMATE_BYTES:
         raise InputError(
@@ -54,3 +52,17 @@ def estimate_resolved(spec: ModelSpec, workload: Workload, gpu: GpuSpec | None) 
             f"comes near; check batch ({workload.batch:,}), seq ({workload.seq:,}), context and max_num_seqs"
         )
     return report
+
+
+def _training() -> Callable[..., MemoryReport]:
+    """:func:`~vramlens.estimator.training.estimate_training`, imported by the first training
+    estimate (an ``import`` statement in :func:`estimate_resolved` would run on every call)."""
+    found = _TRAINING.get("estimate")
+    if found is None:
+        from vramlens.estimator.training import estimate_training
+
+        found = _TRAINING["estimate"] = estimate_training
+    return found
+
+
+_TRAINING: dict[str, Callable[..., MemoryReport]] = {}

@@ -14,8 +14,8 @@ guards do not hold for a workload, the estimate is made term by term, and its tr
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
-from functools import partial
+from collections.abc import Callable, Sequence
+from operator import methodcaller
 from typing import TYPE_CHECKING
 
 from vramlens.categories import Category
@@ -63,7 +63,7 @@ class FastEstimate:
     def estimate(self, ctx: TrainingContext, plan: _Plan, gpu: GpuSpec | None) -> MemoryReport | None:
         """``ctx``'s report (terms made when read), or None where a trace does not describe it."""
         layout = plan.layout
-        best: tuple[int, StageMemory, PhaseTrace, list[int | float], list[tuple[str, str, int]]] | None = None
+        best: tuple[int, int, StageMemory, PhaseTrace, Sequence[int | float], list[tuple[str, str, int]]] | None = None
         for index, stage in enumerate(layout.stages):
             mem = stage_memory(ctx, stage, layout.targets, plan.stages[index], terms=False)
             for trace in self.traces[index]:
@@ -72,21 +72,24 @@ class FastEstimate:
             else:
                 return None
             values, phases = found
-            highest = max(phase[2] for phase in phases)
+            peak, highest = 0, phases[0][2]
+            for phase in range(1, len(phases)):
+                if phases[phase][2] > highest:
+                    peak, highest = phase, phases[phase][2]
             if best is None or highest > best[0]:
-                best = (highest, mem, trace, values, phases)
+                best = (highest, peak, mem, trace, values, phases)
         assert best is not None
-        allocated, mem, trace, values, phases = best
-        peak = max(range(len(phases)), key=lambda index: phases[index][2])
+        allocated, peak, mem, trace, values, phases = best
         breakdown = trace.breakdown(peak, values)
         found_levels = training.levels(ctx, mem, allocated, breakdown, layout.targets, plan)
         made = _Made(ctx, plan, gpu)
-        later = [
-            terms_later(
-                name, bytes_, note, _sums(trace, index, values, breakdown if index == peak else None), made.terms, index
-            )
-            for index, (name, note, bytes_) in enumerate(phases)
-        ]
+        sums, terms = trace.breakdowns, _phase_terms(len(phases))
+        later = []
+        for index, (name, note, bytes_) in enumerate(phases):
+            if index == peak:  # its breakdown is the one the levels read
+                later.append(terms_later(name, bytes_, note, _given, breakdown, terms[index], made))
+            else:
+                later.append(terms_later(name, bytes_, note, sums[index], values, terms[index], made))
         report = presented_later(
             made.report,
             {
@@ -134,10 +137,14 @@ class _Made:
         return list(presented.phases[phase].terms)
 
 
-def _sums(
-    trace: PhaseTrace, index: int, values: list[int | float], given: dict[Category, int] | None
-) -> Callable[[], dict[Category, int]]:
-    return partial(_given, given) if given is not None else partial(trace.breakdown, index, values)
+def _phase_terms(count: int) -> Sequence[Callable[[_Made], list[Term]]]:
+    """``made -> made.terms(index)`` for each phase index, at least ``count`` of them (each made once)."""
+    while len(_PHASE_TERMS) < count:
+        _PHASE_TERMS.append(methodcaller("terms", len(_PHASE_TERMS)))
+    return _PHASE_TERMS
+
+
+_PHASE_TERMS: list[Callable[[_Made], list[Term]]] = []
 
 
 def _given(breakdown: dict[Category, int]) -> dict[Category, int]:

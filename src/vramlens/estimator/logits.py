@@ -31,12 +31,14 @@ Per token, with ``V`` the vocabulary on this rank and ``a`` the logits dtype byt
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
+from vramlens._records import maker
 from vramlens.workload.options import LossImpl
 
-__all__ = ["LogitsMemory", "logits_memory"]
+__all__ = ["LogitsMemory", "logits_memory", "logits_per_tokens"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -52,6 +54,10 @@ class LogitsMemory:
     outputs: int
     """Model outputs the training loop holds through the whole backward pass (``outputs.logits``)."""
     formula: str
+
+
+#: :class:`LogitsMemory` made as its ``__init__`` would, faster (one per estimate).
+_logits = maker(LogitsMemory)
 
 
 def logits_memory(
@@ -75,21 +81,51 @@ def logits_memory(
     ``chunks`` is the tokens divided by the tokens of the largest chunk (not always an integer).
     ``softcap``: the model soft-caps its final logits (counted for the ``full`` loss).
     """
+    per_tokens = logits_per_tokens(
+        loss,
+        vocab=vocab,
+        hidden=hidden,
+        logits_bytes=logits_bytes,
+        keeps_logits=keeps_logits,
+        chunks=chunks,
+        kept_bytes=kept_bytes,
+        loss_parallel=loss_parallel,
+        compiled=compiled,
+        softcap=softcap,
+    )
+    return per_tokens(tokens)
+
+
+def logits_per_tokens(
+    loss: LossImpl,
+    *,
+    vocab: int,
+    hidden: int,
+    logits_bytes: int,
+    keeps_logits: bool,
+    chunks: float,
+    kept_bytes: int | None = None,
+    loss_parallel: bool = False,
+    compiled: bool = False,
+    softcap: bool = False,
+) -> Callable[[int], LogitsMemory]:
+    """``tokens -> logits_memory(loss, tokens=tokens, ...)`` for these arguments: which loss path, and
+    the bytes the model output keeps per token, worked out once (:func:`logits_memory`)."""
     kept_output = (kept_bytes or logits_bytes) * vocab if keeps_logits else 0
     if loss is LossImpl.FUSED_LINEAR:
-        return _fused_linear(tokens, hidden, logits_bytes)
+        return lambda tokens: _fused_linear(tokens, hidden, logits_bytes)
     if loss is LossImpl.CHUNKED:
-        return _chunked(tokens, vocab, logits_bytes, kept_output, chunks)
+        return lambda tokens: _chunked(tokens, vocab, logits_bytes, kept_output, chunks)
     if loss_parallel:
-        return _vocab_parallel(tokens, vocab, logits_bytes, kept_output)
+        return lambda tokens: _vocab_parallel(tokens, vocab, logits_bytes, kept_output)
     if compiled:
-        return _compiled(tokens, vocab, logits_bytes, kept_output)
-    return _full(tokens, vocab, logits_bytes, kept_output, softcap=softcap)
+        return lambda tokens: _compiled(tokens, vocab, logits_bytes, kept_output)
+    return lambda tokens: _full(tokens, vocab, logits_bytes, kept_output, softcap=softcap)
 
 
 def _fused_linear(tokens: int, hidden: int, a: int) -> LogitsMemory:
     chunk = 8 * hidden + a * hidden
-    return LogitsMemory(
+    return _logits(
         forward_end=tokens * chunk,
         kept=tokens * a * hidden,
         backward_start=tokens * a * hidden,
@@ -103,7 +139,7 @@ def _chunked(tokens: int, v: int, a: int, kept_output: int, chunks: float) -> Lo
     # this chunk's fp32 up-cast. Backward: the kept log-probabilities and one chunk's
     # two gradients (of the log-probabilities and of the up-cast logits).
     chunks = max(chunks, 1)
-    return LogitsMemory(
+    return _logits(
         forward_end=int(tokens * (a * v + 4 * v + 4 * v / chunks)),
         kept=tokens * (4 * v + kept_output),
         backward_start=int(tokens * (4 * v + 8 * v / chunks + kept_output)),
@@ -113,7 +149,7 @@ def _chunked(tokens: int, v: int, a: int, kept_output: int, chunks: float) -> Lo
 
 
 def _vocab_parallel(tokens: int, v: int, a: int, kept_output: int) -> LogitsMemory:
-    return LogitsMemory(
+    return _logits(
         forward_end=tokens * (a + 12) * v,
         kept=tokens * (4 * v + kept_output),
         backward_start=tokens * (16 * v + kept_output),
@@ -126,7 +162,7 @@ def _vocab_parallel(tokens: int, v: int, a: int, kept_output: int) -> LogitsMemo
 def _compiled(tokens: int, v: int, a: int, kept_output: int) -> LogitsMemory:
     # A kept output in the logits dtype is the logits themselves; accelerate's fp32 copy is another tensor.
     extra = 0 if kept_output == a * v else kept_output
-    return LogitsMemory(
+    return _logits(
         forward_end=tokens * (a * v + 4),
         kept=tokens * (a * v + extra),
         backward_start=tokens * (2 * a * v + extra),
@@ -139,7 +175,7 @@ def _compiled(tokens: int, v: int, a: int, kept_output: int) -> LogitsMemory:
 def _full(tokens: int, v: int, a: int, kept_output: int, *, softcap: bool) -> LogitsMemory:
     upcast = 0 if a == 4 else 4  # logits.float() is a no-op for fp32 logits
     tanh = a * v if softcap else 0  # the soft-cap's tanh output, kept for backward
-    return LogitsMemory(
+    return _logits(
         forward_end=tokens * ((a + upcast + 4) * v + tanh),
         kept=tokens * (4 * v + kept_output + tanh),
         backward_start=tokens * (12 * v + kept_output + tanh),

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import partial
 from typing import NamedTuple
 
 from vramlens.categories import Category
-from vramlens.estimator.logits import LogitsMemory, logits_memory
+from vramlens.estimator.logits import LogitsMemory, logits_memory, logits_per_tokens
 from vramlens.estimator.lora_head import LoraHead, training_lora_head, with_lora_head
 from vramlens.estimator.loss_outputs import fp32_model_outputs, loss_chunks, model_logits_bytes
 from vramlens.estimator.qlora import head_weight_cast_bytes, with_head_weight_cast
@@ -33,11 +34,14 @@ class LossPlan:
     """``logits_memory`` but for ``tokens``; None for TRL's fused head (which reads the batch too)."""
     head: LoraHead | None
     cast_bytes: int
+    per_tokens: Callable[[int], LogitsMemory] | None = field(default=None, compare=False, repr=False)
+    """``logits`` as :func:`~vramlens.estimator.logits.logits_per_tokens` (the loss path chosen once)."""
 
     def amounts(self, ctx: TrainingContext) -> LossAmounts:
         """The logits and loss bytes of ``ctx``'s tokens (see :class:`LossAmounts`)."""
         tokens, head, head_input = ctx.tokens, self.head, 0
-        logits = fused_head_memory(fused_head(ctx)) if self.logits is None else self.logits(tokens=tokens)  # type: ignore[arg-type]
+        per_tokens = self.per_tokens
+        logits = fused_head_memory(fused_head(ctx)) if per_tokens is None else per_tokens(tokens)  # type: ignore[arg-type]
         if head is not None:
             logits = with_lora_head(logits, head, tokens)
             head_input = int(head.saved * tokens)
@@ -90,24 +94,25 @@ def loss_plan(ctx: TrainingContext, targets: frozenset[str] = frozenset()) -> Lo
     fp32_outputs = fp32_model_outputs(ctx)
     upcast = ctx.profile.name in (Framework.HF, Framework.PLAIN) and older_than(ctx.workload.versions, "loss_upcast")
     tp = ctx.workload.parallel.tp
-    logits = None
+    logits = per_tokens = None
     if ctx.loss is not LossImpl.CHUNKED_LOGPROB:  # TRL's fused head: trl_head.fused_head
-        logits = partial(
-            logits_memory,
-            ctx.loss,
-            vocab=ctx.spec.vocab_size // tp,
-            hidden=ctx.spec.hidden_size,
-            logits_bytes=model_logits_bytes(ctx),
-            keeps_logits=ctx.profile.keeps_logits,
-            chunks=loss_chunks(ctx),
-            kept_bytes=4 if fp32_outputs else None,
-            loss_parallel=tp > 1 and ctx.profile.name is Framework.TORCHTITAN,
-            compiled=ctx.compiled_loss,
-            softcap=ctx.spec.final_logit_softcap is not None,
-        )
+        arguments = {
+            "vocab": ctx.spec.vocab_size // tp,
+            "hidden": ctx.spec.hidden_size,
+            "logits_bytes": model_logits_bytes(ctx),
+            "keeps_logits": ctx.profile.keeps_logits,
+            "chunks": loss_chunks(ctx),
+            "kept_bytes": 4 if fp32_outputs else None,
+            "loss_parallel": tp > 1 and ctx.profile.name is Framework.TORCHTITAN,
+            "compiled": ctx.compiled_loss,
+            "softcap": ctx.spec.final_logit_softcap is not None,
+        }
+        logits = partial(logits_memory, ctx.loss, **arguments)  # type: ignore[arg-type]
+        per_tokens = logits_per_tokens(ctx.loss, **arguments)  # type: ignore[arg-type]
     return LossPlan(
         note=rule_note(ctx.workload.versions, "loss_upcast") if upcast else None,
         logits=logits,
+        per_tokens=per_tokens,
         head=training_lora_head(ctx, targets, loss_chunks=loss_chunks(ctx)),
         cast_bytes=head_weight_cast_bytes(ctx, ctx.spec.vocab_size // tp),
     )

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final
 
+from vramlens._records import maker
 from vramlens.categories import Category
 from vramlens.result.report import Margin, SafeLevels
 from vramlens.units import MiB
@@ -89,23 +90,29 @@ def safe_levels(
     :func:`vramlens.estimator.reserved.generation_spread`, and :func:`runtime_spread`).
     ``pool_bytes``: a pre-allocated KV pool (vLLM), sized by the engine, which carries no noise;
     ``sharded``: parameters sharded by FSDP/ZeRO-3 (``ALLOCATOR_SPREAD_SCALE``)."""
-    rules = int(RULES_FRACTION * sum(breakdown.get(c, 0) for c in _RULES))
+    rules = int(RULES_FRACTION * sum([breakdown.get(category, 0) for category in _RULES]))
     allocator_spread = int(ALLOCATOR_SPREAD_SCALE[sharded] * allocator_spread)
     noise = int(NOISE_FRACTION * (allocated - pool_bytes))
     margins = (
-        Margin(kind="framework rules", level="allocated", bytes=rules, source=_RULES_SOURCE),
-        Margin(kind="data noise", level="allocated", bytes=noise, source=_NOISE_SOURCE),
-        Margin(kind="modelled allocator", level="reserved", bytes=allocator_spread, source=_ALLOCATOR_SOURCES[sharded]),
-        Margin(kind="measured constants", level="device", bytes=runtime_spread, source=_RUNTIME_SOURCE),
+        _margin(kind="framework rules", level="allocated", bytes=rules, source=_RULES_SOURCE),
+        _margin(kind="data noise", level="allocated", bytes=noise, source=_NOISE_SOURCE),
+        _margin(
+            kind="modelled allocator", level="reserved", bytes=allocator_spread, source=_ALLOCATOR_SOURCES[sharded]
+        ),
+        _margin(kind="measured constants", level="device", bytes=runtime_spread, source=_RUNTIME_SOURCE),
     )
     safe_allocated = allocated + rules + noise
     safe_reserved = reserved + rules + noise + allocator_spread
-    return SafeLevels(
+    return _safe(
         allocated_bytes=safe_allocated,
         reserved_bytes=safe_reserved,
         device_bytes=device + (safe_reserved - reserved) + runtime_spread,
         margins=margins,
     )
+
+
+#: :class:`Margin` and :class:`SafeLevels` made as their ``__init__`` would, faster (one of each per estimate).
+_margin, _safe = maker(Margin), maker(SafeLevels)
 
 
 def runtime_spread(runtime: Mapping[str, int], communicators: int) -> int:

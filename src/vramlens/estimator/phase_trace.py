@@ -7,9 +7,9 @@ phase's bytes are sums of the stage's quantities. :func:`trace_phases` runs it o
 sized quantity (:data:`~vramlens.estimator.stage_memory.SIZED_QUANTITIES`, the logits' too) a
 :class:`Traced` integer: arithmetic records an exact integer-linear form over them (``//`` by a
 constant a derived input), and every comparison or truth test records what it found (a guard).
-:meth:`PhaseTrace.phases` gives another workload's phase bytes and breakdowns by evaluating those
-forms, or None when a guard no longer holds (the caller then runs the code itself). Anything else
-done with a traced value (hashing, conversion, division by a variable, formatting) raises
+:meth:`PhaseTrace.phases_of` gives another workload's phase bytes and breakdowns by evaluating those
+forms (written out as one function per trace: :mod:`vramlens.estimator.trace_code`), or None when
+a guard no longer holds (the caller then runs the code itself). Anything else done with a traced value (hashing, conversion, division by a variable, formatting) raises
 :class:`Untraceable` and no trace is made.
 """
 
@@ -18,14 +18,15 @@ from __future__ import annotations
 import copy
 import dataclasses
 import operator
-from collections.abc import Callable
-from operator import attrgetter, itemgetter
+from collections.abc import Callable, Sequence
+from operator import attrgetter
 from typing import NoReturn
 
 from vramlens.categories import Category
 from vramlens.estimator.size_symbols import merged_terms
 from vramlens.estimator.stage_memory import SIZED_QUANTITIES, StageMemory
 from vramlens.estimator.step_phases import training_phases
+from vramlens.estimator.trace_code import Form, compile_breakdown, compile_phases
 from vramlens.resolve.context import TrainingContext
 from vramlens.result.report import Term
 
@@ -33,14 +34,15 @@ __all__ = ["PhaseTrace", "Traced", "Untraceable", "trace_phases"]
 
 _SCALARS = tuple(name for name in SIZED_QUANTITIES if name != "logits")
 _LOGITS = ("forward_end", "kept", "backward_start", "outputs")
+#: The inputs that may hold a float (bytes per token); every other input is a number of bytes (an integer).
+_FLOATS = frozenset(
+    index for index, name in enumerate(_SCALARS) if name in ("masks_bytes_per_token", "mixer_backward_bytes_per_token")
+)
 #: What each guard asserts of its form's value.
 _CHECKS: dict[str, Callable[[int | float, int], bool]] = {
     "lt": operator.lt, "le": operator.le, "gt": operator.gt, "ge": operator.ge, "eq": operator.eq, "ne": operator.ne,
 }  # fmt: skip
 _NEGATION = {"lt": "ge", "le": "gt", "gt": "le", "ge": "lt", "eq": "ne", "ne": "eq"}
-
-Form = tuple[tuple[tuple[int, int], ...], int]
-"""``sum(coefficient x input[index]) + constant``: ((index, coefficient), ...), constant."""
 
 
 class Untraceable(Exception):
@@ -159,68 +161,42 @@ def _term(bytes_: Traced, category: Category | None) -> Term:
 class PhaseTrace:
     """The phases of one stage plan as forms over its sized quantities (see the module docstring)."""
 
-    __slots__ = ("derived", "forms", "many", "nonzero", "phases", "read", "single", "zero")
+    __slots__ = ("breakdowns", "read", "run")
 
     def __init__(self, recorder: _Recorder, phases: list[tuple[str, str, Form, tuple[tuple[Category, Form], ...]]]):
         self.read = attrgetter(*_SCALARS, *(f"logits.{name}" for name in _LOGITS))
-        self.derived = tuple(recorder.derived)
-        guards = [(terms, constant, held) for (terms, constant), held in recorder.guards]
-        plain = [(t[0][0], c, held) for t, c, held in guards if len(t) == 1 and t[0][1] == 1 and c == 0]
-        self.nonzero = tuple(index for index, _, held in plain if held == "ne")
-        """Inputs that must not be 0 (most guards: a quantity is there)."""
-        self.zero = tuple(index for index, _, held in plain if held == "eq")
-        self.single = tuple(
-            (t[0][0], t[0][1], c, _CHECKS[held])
-            for t, c, held in guards
-            if len(t) == 1 and not (t[0][1] == 1 and c == 0 and held in ("ne", "eq"))
+        guards = [((terms, constant), held) for (terms, constant), held in recorder.guards]
+        plain = [(terms[0][0], held) for (terms, constant), held in guards if _plain(terms, constant, held)]
+        self.run = compile_phases(
+            recorder.inputs,
+            recorder.derived,
+            nonzero=[index for index, held in plain if held == "ne"],
+            zero=[index for index, held in plain if held == "eq"],
+            guards=[(form, held) for form, held in guards if not _plain(*form, held)],
+            phases=[(name, note, allocated) for name, note, allocated, _ in phases],
+            floats=_FLOATS,
         )
-        """The other guards on one input: (index, coefficient, constant, check)."""
-        self.many = tuple((_evaluator(terms, c), _CHECKS[held]) for terms, c, held in guards if len(terms) != 1)
-        self.phases = tuple((name, note, _evaluator(*allocated)) for name, note, allocated, _ in phases)
-        self.forms = tuple(
-            tuple((category, _evaluator(*form)) for category, form in forms) for _, _, _, forms in phases
-        )
-        """Each phase's breakdown: (category, form) in the order the categories first appear."""
+        """``inputs -> (values, phases)``, or None where a guard fails (:mod:`~vramlens.estimator.trace_code`)."""
+        count = recorder.inputs + len(recorder.derived)
+        self.breakdowns = tuple(compile_breakdown(count, forms, _FLOATS) for _, _, _, forms in phases)
+        """Each phase's breakdown: ``values -> {category: bytes}`` in the order the categories first appear."""
 
-    def phases_of(self, mem: StageMemory) -> tuple[list[int | float], list[tuple[str, str, int]]] | None:
+    def phases_of(self, mem: StageMemory) -> tuple[Sequence[int | float], list[tuple[str, str, int]]] | None:
         """The trace's values for ``mem``'s sized quantities and each phase's (name, note, allocated
         bytes); None when the run would take another path."""
-        values: list[int | float] = list(self.read(mem) if mem.logits is not None else self._no_logits(mem))
-        for (terms, constant), divisor in self.derived:
-            values.append(int(_value(terms, constant, values)) // divisor)
-        if not all(map(values.__getitem__, self.nonzero)) or any(map(values.__getitem__, self.zero)):
-            return None
-        for index, coefficient, constant, check in self.single:
-            if not check(coefficient * values[index] + constant, 0):
-                return None
-        for value, check in self.many:
-            if not check(value(values), 0):
-                return None
-        return values, [(name, note, allocated(values)) for name, note, allocated in self.phases]
+        return self.run(self.read(mem) if mem.logits is not None else self._no_logits(mem))
 
-    def breakdown(self, phase: int, values: list[int | float]) -> dict[Category, int]:
+    def breakdown(self, phase: int, values: Sequence[int | float]) -> dict[Category, int]:
         """Phase ``phase``'s bytes by category, for the ``values`` of :meth:`phases_of`."""
-        return {category: value(values) for category, value in self.forms[phase]}
+        return self.breakdowns[phase](values)
 
     def _no_logits(self, mem: StageMemory) -> tuple[int | float, ...]:
         return (*[getattr(mem, name) for name in _SCALARS], 0, 0, 0, 0)
 
 
-def _evaluator(terms: tuple[tuple[int, int], ...], constant: int) -> Callable[[list[int | float]], int]:
-    """``values -> sum(coefficient x values[index]) + constant`` (integers), made once per form."""
-    if not terms:
-        return lambda _: constant
-    if len(terms) == 1:
-        ((index, coefficient),) = terms
-        return lambda values: coefficient * values[index] + constant  # type: ignore[return-value]
-    read, coefficients = itemgetter(*(index for index, _ in terms)), tuple(c for _, c in terms)
-    return lambda values: constant + sum(map(operator.mul, coefficients, read(values)))
-
-
-def _value(terms: tuple[tuple[int, int], ...], constant: int, values: list[int | float]) -> int | float:
-    for index, coefficient in terms:
-        constant += coefficient * values[index]  # type: ignore[assignment]
-    return constant
+def _plain(terms: tuple[tuple[int, int], ...], constant: int, held: str) -> bool:
+    """A guard that an input is (not) 0: checked by the input's truth."""
+    return len(terms) == 1 and terms[0][1] == 1 and constant == 0 and held in ("ne", "eq")
 
 
 def trace_phases(ctx: TrainingContext, mem: StageMemory) -> PhaseTrace | None:

@@ -7,9 +7,8 @@ split how many ways" is decided in exactly one place.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from dataclasses import fields as dataclass_fields
-from operator import attrgetter
 
+from vramlens._records import replacer
 from vramlens.errors import InputError
 from vramlens.model.quant_formats import qlora_bases
 from vramlens.model.spec import ModelSpec
@@ -298,18 +297,11 @@ def resize_training(ctx: TrainingContext, workload: Workload) -> TrainingContext
     ``ctx``, so the first that fails is the one :func:`resolve_training` would report)."""
     _check_context(ctx.spec, workload)
     _check_cp(workload)
-    resized = object.__new__(TrainingContext)  # the frozen dataclass's fields set as its __init__ would
-    for slot, value in zip(_SLOTS, _field_values(ctx), strict=True):
-        slot.__set__(resized, value)
-    _WORKLOAD.__set__(resized, workload)
-    _TOKENS.__set__(resized, workload.batch * workload.seq // workload.parallel.cp)
-    return resized
+    return _resized(ctx, workload, workload.batch * workload.seq // workload.parallel.cp)
 
 
-_FIELD_NAMES = tuple(f.name for f in dataclass_fields(TrainingContext))
-_field_values = attrgetter(*_FIELD_NAMES)
-_SLOTS = tuple(TrainingContext.__dict__[name] for name in _FIELD_NAMES)
-_WORKLOAD, _TOKENS = TrainingContext.__dict__["workload"], TrainingContext.__dict__["tokens"]
+#: A context's copy with another workload and tokens, its other fields set as ``__init__`` would.
+_resized = replacer(TrainingContext, "workload", "tokens")
 
 
 def resolve_training(spec: ModelSpec, workload: Workload) -> TrainingContext:

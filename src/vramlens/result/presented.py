@@ -10,37 +10,43 @@ phases (:func:`terms_later`) likewise make their terms and breakdown when first 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from vramlens.categories import Category
 from vramlens.result.report import MemoryReport, PhaseMemory, Term, terms_bytes
 
 __all__ = ["presented_later", "terms_later"]
 
+T = TypeVar("T")
+U = TypeVar("U")
+
 
 class _TermsLater(PhaseMemory):
     """A :class:`PhaseMemory` whose terms and breakdown are made when first read
     (:func:`terms_later`); otherwise the same frozen dataclass (fields, equality, ``replace``)."""
 
-    __slots__ = ("_make", "_sums")
+    __slots__ = ("_make", "_make_arg", "_sums", "_sums_arg")
 
 
 def _made_later(name: str, pending: str, check: Callable[[PhaseMemory, Any], Any]) -> property:
-    """The field ``name`` of a :class:`_TermsLater`, made by its ``pending`` callable when first read
-    (and checked by ``check``); what a dataclass ``__init__`` or ``replace`` sets is kept as it is."""
+    """The field ``name`` of a :class:`_TermsLater`, made by its ``pending`` function of its
+    ``pending + "_arg"`` when first read (and checked by ``check``); what a dataclass ``__init__`` or
+    ``replace`` sets is kept as it is."""
     slot = PhaseMemory.__dict__[name]
+    argument = f"{pending}_arg"
 
     def read(phase: PhaseMemory) -> Any:
         make = getattr(phase, pending, None)
         if make is not None:
-            slot.__set__(phase, check(phase, make()))
+            slot.__set__(phase, check(phase, make(getattr(phase, argument))))
             object.__setattr__(phase, pending, None)
+            object.__setattr__(phase, argument, None)
         return slot.__get__(phase, PhaseMemory)
 
     def write(phase: PhaseMemory, value: Any) -> None:
         slot.__set__(phase, value)
         object.__setattr__(phase, pending, None)
+        object.__setattr__(phase, argument, None)
 
     return property(read, write)
 
@@ -61,26 +67,31 @@ def _summed(phase: PhaseMemory, made: Mapping[Category, int]) -> Mapping[Categor
 _TermsLater.terms = _made_later("terms", "_make", _kept)  # type: ignore[assignment]
 _TermsLater.breakdown = _made_later("breakdown", "_sums", _summed)  # type: ignore[assignment]
 _NAME, _ALLOCATED, _NOTE = (PhaseMemory.__dict__[name].__set__ for name in ("name", "allocated_bytes", "note"))
-_MAKE, _SUMS = (_TermsLater.__dict__[name].__set__ for name in ("_make", "_sums"))
+_MAKE, _MAKE_ARG, _SUMS, _SUMS_ARG = (
+    _TermsLater.__dict__[name].__set__ for name in ("_make", "_make_arg", "_sums", "_sums_arg")
+)
 
 
 def terms_later(
     name: str,
     allocated_bytes: int,
     note: str,
-    breakdown: Callable[[], Mapping[Category, int]],
-    terms: Callable[[int], list[Term]],
-    index: int,
+    breakdown: Callable[[T], Mapping[Category, int]],
+    breakdown_of: T,
+    terms: Callable[[U], list[Term]],
+    terms_of: U,
 ) -> PhaseMemory:
-    """The phase whose high point is the terms ``terms(index)`` makes, ``breakdown()`` their bytes by
-    category (none 0): both made when first read. ``allocated_bytes`` is their sum (checked when
-    they are made; none is 0)."""
+    """The phase whose high point is the terms ``terms(terms_of)`` makes, ``breakdown(breakdown_of)``
+    their bytes by category (none 0): both made when first read. ``allocated_bytes`` is their sum
+    (checked when they are made; none is 0)."""
     phase = object.__new__(_TermsLater)
     _NAME(phase, name)
     _ALLOCATED(phase, allocated_bytes)
     _NOTE(phase, note)
-    _MAKE(phase, partial(terms, index))
+    _MAKE(phase, terms)
+    _MAKE_ARG(phase, terms_of)
     _SUMS(phase, breakdown)
+    _SUMS_ARG(phase, breakdown_of)
     return phase
 
 
