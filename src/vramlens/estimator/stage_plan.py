@@ -358,7 +358,7 @@ def fill_terms(ctx: TrainingContext, mem: StageMemory, plan: StagePlan, at: AtSe
         alive="from the forward to the end of backward",
     )
     mem.add(
-        "final norm and LM head inputs (saved)",
+        "final norm and head inputs (saved)",
         Category.ACTIVATIONS,
         amounts.head_side,
         lambda: f"{head_side:,.0f} B/token",

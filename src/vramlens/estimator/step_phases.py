@@ -270,7 +270,7 @@ def _last_layer(ctx: TrainingContext, mem: StageMemory, kept_to_end: int, embedd
     every = ctx.workload.recompute is Recompute.FULL and ctx.workload.recompute_every == 1
     if every or not mem.recompute_bytes:
         what = "checkpointed input" if mem.recompute_bytes else "saved activations"
-        formula = f"activations {mem.activations_bytes:,} B / {layers} layers"
+        formula = lambda: f"activations {mem.activations_bytes:,} B / {layers} layers"  # noqa: E731 (lazy: traced)
         instant.add(f"the first layer's {what}", _C.ACTIVATIONS, mem.activations_bytes // layers, formula)
     if mem.recompute_bytes:
         instant.quantity("the recomputed layer's tensors", _C.ACTIVATIONS, "recompute_bytes")
