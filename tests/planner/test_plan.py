@@ -231,10 +231,12 @@ def test_every_knob_step_never_raises_the_peak(model: str, gpus: int, loss: str,
     random groups against the estimator itself. (This test found that the step from one
     micro-batch to gradient accumulation can raise it, and that selective recompute and full
     checkpointing of every 4th layer are not ordered; the search now handles both.) The allocated
-    level must never rise; the device level may rise by the allocator's slack only, within 1%:
-    the slack is replayed, and a step's new request sizes can strand a block the old ones did
-    not (Mixtral-8x7B LoRA, batch 4: the chunked loss frees 88 MB and strands 474 MB more), so
-    the pruning can miss a candidate within 1% of the budget, never report a wrong peak. The search
+    level must never rise; the device level may rise by the allocator's slack only: the slack is
+    replayed, and a step's new request sizes can strand a block the old ones did not (Mixtral-8x7B
+    LoRA, batch 4: the chunked loss frees 88 MB and strands 474 MB more; Llama-3.2-1B under FSDP2
+    on 8 GPUs, AdamW to 8-bit AdamW: 0.4 GB less allocated, 0.7 GB more slack, +2.2% device), so
+    the pruning can miss a candidate by that much, never report a wrong peak. (It also found that
+    the replayed pattern put an offloaded optimizer's state on the GPU.) The search
     estimates with the closed-form reserved level (``reserved_replay: false``), so that is checked;
     its kept points are estimated again with the whole-step replay (``test_search.py``)."""
     user, spec, device = prepare(
@@ -246,14 +248,14 @@ def test_every_knob_step_never_raises_the_peak(model: str, gpus: int, loss: str,
     axes = knob_axes(spec, user, group, data.draw(st.sampled_from(RECOMPUTE_CHAINS)))
     point = [data.draw(st.integers(0, len(axis) - 1)) for axis in axes]
 
-    def peak(index: list[int]) -> tuple[int, int] | None:
+    def peak(index: list[int]) -> tuple[int, int, int] | None:
         recompute, loss_, optimizer_, offload, micro = (axis[i] for axis, i in zip(axes, index, strict=True))
         knobs = Knobs(recompute=recompute, loss=loss_, optimizer=optimizer_, offload=offload, micro_batch=micro)  # type: ignore[arg-type]
         try:
             report = estimate_resolved(spec, apply_knobs(user, group, knobs), device)
         except InputError:
             return None
-        return report.allocated_bytes, report.device_bytes
+        return report.allocated_bytes, report.device_bytes, report.reserved_bytes - report.allocated_bytes
 
     here = peak(point)
     for axis in range(len(axes)):
@@ -263,7 +265,7 @@ def test_every_knob_step_never_raises_the_peak(model: str, gpus: int, loss: str,
             continue  # into gradient accumulation: not monotone, searched apart (search_group)
         step = peak([*point[:axis], point[axis] + 1, *point[axis + 1 :]])
         where = (axis, [a[i] for a, i in zip(axes, point, strict=True)], here, step)
-        assert step is None or (step[0] <= here[0] and step[1] <= here[1] * 1.01), where
+        assert step is None or (step[0] <= here[0] and step[1] - here[1] <= max(0, step[2] - here[2])), where
 
 
 def test_the_loss_axis_drops_a_path_that_holds_more() -> None:

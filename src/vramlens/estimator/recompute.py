@@ -242,7 +242,7 @@ def _layer_activations(
         saved = checkpointed * checkpoint + (layers - checkpointed) * total_full / max(layers, 1)
         transient = largest
     elif policy is Recompute.OFFLOAD:
-        saved, transient = 2 * checkpoint, largest
+        saved, transient = min(2, layers) * checkpoint, largest  # a pipeline stage may hold one layer
         notes.append(
             "recompute offload: checkpointed layer inputs live in CPU memory; two layers' inputs in flight on the GPU"
         )

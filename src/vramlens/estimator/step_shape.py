@@ -29,7 +29,7 @@ from vramlens.model.params import norm_parameters
 from vramlens.model.spec import LayerKind
 from vramlens.resolve._memo import memo
 from vramlens.resolve.context import TrainingContext
-from vramlens.workload.options import FsdpWrap, OptimizerImpl, Recompute, Shard
+from vramlens.workload.options import FsdpWrap, Offload, OptimizerImpl, Recompute, Shard
 
 __all__ = ["StepShape", "step_shape"]
 
@@ -284,7 +284,6 @@ def step_shape(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str], 
         param_bytes=int(group.param_bytes) if group is not None else ctx.param_bytes,
         grad_bytes=group.grad_bytes if group is not None else ctx.grad_bytes,
         state_bytes=group.state_bytes if group is not None else ctx.state_bytes,
-        master_bytes=ctx.master_bytes,
         **_optimizer_fields(ctx),
         saved=tuple(tuple(each) for each in saved.lists),
         saved_kind=saved.index,
@@ -379,9 +378,13 @@ def _unsharded(
 
 
 def _optimizer_fields(ctx: TrainingContext) -> dict[str, Any]:
-    """The optimizer's share of a :class:`StepShape`: moments per tensor and step temporaries."""
+    """The optimizer's share of a :class:`StepShape`: moments per tensor and step temporaries (none on
+    the GPU when the optimizer is offloaded: its state, master weights and step live in CPU memory)."""
     optimizer = optimizer_model(ctx.workload.optimizer)
+    if ctx.workload.parallel.offload is not Offload.NONE:
+        return {"moments": 0, "foreach": False, "per_tensor_copies": 0, "master_bytes": 0}
     return {
+        "master_bytes": ctx.master_bytes,
         "moments": 0 if optimizer.paged else optimizer.moments,
         "foreach": ctx.optimizer_impl is OptimizerImpl.FOREACH and optimizer.temp_copies > 0 and optimizer.moments > 0,
         "per_tensor_copies": 2 if ctx.optimizer_impl is OptimizerImpl.PER_TENSOR and optimizer.temp_copies else 0,
