@@ -13,7 +13,7 @@ No code was copied; only the behavior is modeled. All sizes are bytes (``int``).
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, insort
 
 # name                     value         where the number comes from
 K_MIN_BLOCK_SIZE = 512  # CUDACachingAllocator.cpp kMinBlockSize: every size is rounded to 512 B
@@ -199,3 +199,31 @@ class Pool:
         index = bisect_left(self.unmapped_addrs, block.addr)
         del self.unmapped_addrs[index]
         del self.unmapped[index]
+
+
+def cache_free_block(
+    block: tuple[int, int, list[int]], free_start: dict[int, int], free_end: dict[int, int], starts: set[int]
+) -> None:
+    """``free_block`` of the fixed-segment replays: merge the free neighbours of ``block`` (address,
+    bytes, its pool of ``size << KEY_SHIFT | address`` keys) within its segment (``starts``: the
+    segments' first addresses), then cache it. Shared by
+    :meth:`~vramlens.allocator.replaying.FixedSegmentReplay.free` and the written-out loop of
+    :mod:`vramlens.allocator._fixed_loop`."""
+    address, size, pool = block
+    before = None if address in starts else free_end.get(address)
+    if before is not None:
+        merged = free_start.pop(before)
+        del free_end[address]
+        del pool[bisect_left(pool, merged << KEY_SHIFT | before)]
+        address, size = before, size + merged
+    end = address + size
+    after = None if end in starts else free_start.get(end)
+    if after is not None:
+        del free_start[end]
+        del free_end[end + after]
+        del pool[bisect_left(pool, after << KEY_SHIFT | end)]
+        size += after
+        end += after
+    free_start[address] = size
+    free_end[end] = address
+    insort(pool, size << KEY_SHIFT | address)

@@ -18,7 +18,7 @@ from bisect import bisect_left, insort
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from vramlens.allocator._blocks import K_MIN_BLOCK_SIZE, K_SMALL_SIZE, KEY_SHIFT, round_request
+from vramlens.allocator._blocks import K_MIN_BLOCK_SIZE, K_SMALL_SIZE, KEY_SHIFT, cache_free_block, round_request
 
 if TYPE_CHECKING:
     from vramlens.allocator.pattern import Event
@@ -43,7 +43,7 @@ def replay_events(sink: FixedSegmentReplay, live: Live, events: Sequence[Event])
             found = live.pop(key, None)
             if found is not None:
                 allocated -= found[1]
-                _cache(found, free_start, free_end, starts)
+                cache_free_block(found, free_start, free_end, starts)
             continue
         made += 1
         if plain:  # round_request without divisions
@@ -81,28 +81,3 @@ def replay_events(sink: FixedSegmentReplay, live: Live, events: Sequence[Event])
             peak = allocated
     sink._allocated, sink.peak_allocated = allocated, peak
     sink._next += made
-
-
-def _cache(
-    block: tuple[int, int, list[int]], free_start: dict[int, int], free_end: dict[int, int], starts: set[int]
-) -> None:
-    """``free_block``: merge the free neighbours of ``block`` (address, bytes, pool) within its
-    segment, then cache it."""
-    address, size, pool = block
-    before = None if address in starts else free_end.get(address)
-    if before is not None:
-        merged = free_start.pop(before)
-        del free_end[address]
-        del pool[bisect_left(pool, merged << KEY_SHIFT | before)]
-        address, size = before, size + merged
-    end = address + size
-    after = None if end in starts else free_start.get(end)
-    if after is not None:
-        del free_start[end]
-        del free_end[end + after]
-        del pool[bisect_left(pool, after << KEY_SHIFT | end)]
-        size += after
-        end += after
-    free_start[address] = size
-    free_end[end] = address
-    insort(pool, size << KEY_SHIFT | address)

@@ -36,6 +36,7 @@ from vramlens.allocator._blocks import (
     KEY_SHIFT,
     SIZE_MAX,
     Block,
+    cache_free_block,
     round_request,
 )
 from vramlens.allocator._caching import CachingAllocatorModel
@@ -262,26 +263,8 @@ class FixedSegmentReplay(ReplayingPattern):
         found = self._live.pop(key, None)
         if found is None:
             return
-        address, size, pool = found
-        self._allocated -= size
-        free_start, free_end, starts = self._free_start, self._free_end, self._segment_starts
-        before = None if address in starts else free_end.get(address)
-        if before is not None:
-            merged = free_start.pop(before)
-            del free_end[address]
-            del pool[bisect_left(pool, merged << KEY_SHIFT | before)]
-            address, size = before, size + merged
-        end = address + size
-        after = None if end in starts else free_start.get(end)
-        if after is not None:
-            del free_start[end]
-            del free_end[end + after]
-            del pool[bisect_left(pool, after << KEY_SHIFT | end)]
-            size += after
-            end += after
-        free_start[address] = size
-        free_end[end] = address
-        insort(pool, size << KEY_SHIFT | address)
+        self._allocated -= found[1]
+        cache_free_block(found, self._free_start, self._free_end, self._segment_starts)
 
     def temporary(self, nbytes: int, stream: int = Stream.DEFAULT) -> None:
         """Made and freed at once: a cached block that fits is split and merged back (the state
