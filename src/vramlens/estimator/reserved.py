@@ -214,8 +214,7 @@ def training_slack(
     churn = layer_churn(mem)
     spread = int(LAYER_SLACK_SPREAD[key] * sum(churn))
     layers = int(sum(map(operator.mul, LAYER_SLACK_FRACTION[key], churn)))  # fraction x churn, summed in order
-    whole_step = replays_whole_step(ctx)  # before the template: one is kept per stage, whatever the key
-    template = None if whole_step else _template(ctx, mem, targets, micro_steps, settings)
+    template = _template(ctx, mem, targets, micro_steps, settings)  # none where the whole step is replayed
     if template is not None:
         vocabulary = template.slack(ctx, mem, settings)  # type: ignore[attr-defined]
         less = template.layer_gradients_bytes  # type: ignore[attr-defined]
@@ -224,7 +223,7 @@ def training_slack(
         )
     loss = training_loss_script(ctx, mem, targets)
     edges = step_shape(ctx, mem, targets, layers=False)
-    if edges.gather_copy_out or whole_step:
+    if edges.gather_copy_out or replays_whole_step(ctx):
         whole = _step_slack(step_shape(ctx, mem, targets), loss, micro_steps, settings)
         return TrainingSlack(vocabulary_bytes=0, layers_bytes=whole, spread_bytes=spread, replayed=True)
     vocabulary = _vocabulary_slack(edges, loss, micro_steps, settings)

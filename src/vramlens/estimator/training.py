@@ -18,7 +18,7 @@ and freed as soon as it exists. The reserved level adds the caching allocator's 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from vramlens._records import maker
@@ -138,52 +138,47 @@ def _runtime(key: RuntimeInputs) -> _Runtime:
 def _slack_terms(slack: TrainingSlack, mem: StageMemory, alloc_conf: str) -> tuple[Term, ...]:
     """The reserved level's terms above the allocated peak: the allocator slack's parts (those not 0)."""
     conf = alloc_conf or "default PYTORCH_CUDA_ALLOC_CONF"
-    found = []
-    if slack.vocabulary_bytes:
-        found.append(
-            Term(
-                name="allocator slack: vocabulary-sized tensors (replayed)",
-                category=_C.ALLOCATOR_SLACK,
-                bytes=slack.vocabulary_bytes,
-                explain=lambda: (
-                    f"logits, loss, head and embedding requests of the step replayed through the caching-allocator "
-                    f"model ({conf}), less what the layers' gradients reuse"
-                ),
-                alive="cached blocks, from the first step on",
-            )
-        )
-    if slack.layers_bytes and not slack.replayed:
 
-        def churn() -> str:
-            saved, working, params = layer_churn(mem)
-            return (
-                f"fitted fractions x churn of saved activations {saved:,} B, backward working sets {working:,} B, "
-                f"parameter-sized tensors {params:,} B (reserved.py LAYER_SLACK_FRACTION, {conf})"
-            )
-
-        found.append(
-            Term(
-                name="allocator slack: decoder layers' churn (fitted fractions)",
-                category=_C.ALLOCATOR_SLACK,
-                bytes=slack.layers_bytes,
-                explain=churn,
-                alive="cached blocks, from the first step on",
-            )
+    def churn() -> str:
+        saved, working, params = layer_churn(mem)
+        return (
+            f"fitted fractions x churn of saved activations {saved:,} B, backward working sets {working:,} B, "
+            f"parameter-sized tensors {params:,} B (reserved.py LAYER_SLACK_FRACTION, {conf})"
         )
-    if slack.layers_bytes and slack.replayed:
-        found.append(
-            Term(
-                name="allocator slack: the whole step (replayed)",
-                category=_C.ALLOCATOR_SLACK,
-                bytes=slack.layers_bytes,
-                explain=lambda: (
+
+    parts: list[tuple[str, int, Callable[[], str]]] = [
+        (
+            "vocabulary-sized tensors (replayed)",
+            slack.vocabulary_bytes,
+            lambda: (
+                f"logits, loss, head and embedding requests of the step replayed through the caching-allocator "
+                f"model ({conf}), less what the layers' gradients reuse"
+            ),
+        ),
+        (
+            "the whole step (replayed)" if slack.replayed else "decoder layers' churn (fitted fractions)",
+            slack.layers_bytes,
+            (
+                lambda: (
                     f"every request of the step (each layer's saved tensors, working sets, gradients, optimizer "
                     f"state and temporaries, logits and loss) replayed through the caching-allocator model ({conf})"
-                ),
-                alive="cached blocks, from the first step on",
+                )
             )
+            if slack.replayed
+            else churn,
+        ),
+    ]
+    return tuple(
+        Term(
+            name=f"allocator slack: {name}",
+            category=_C.ALLOCATOR_SLACK,
+            bytes=value,
+            explain=explain,
+            alive="cached blocks, from the first step on",
         )
-    return tuple(found)
+        for name, value, explain in parts
+        if value
+    )
 
 
 def _reserved_note(slack: TrainingSlack, alloc_conf: str, *, sharded: bool) -> str:
