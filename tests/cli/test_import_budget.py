@@ -95,6 +95,7 @@ ALLOWED = frozenset(
         "vramlens.estimator.step_pattern",
         "vramlens.estimator.step_phases",
         "vramlens.estimator.step_shape",
+        "vramlens.estimator.step_weights",
         "vramlens.estimator.training",
         "vramlens.estimator.training_cache",
         "vramlens.estimator.trl_head",

@@ -11,7 +11,8 @@ import pytest
 from conftest import requires_hf
 from vramlens.errors import InputError
 from vramlens.estimator import estimate
-from vramlens.estimator.lora_head import head_adapter_elements, lora_head
+from vramlens.estimator.lora_head import LoraHead, head_adapter_elements, lora_head, with_head_script
+from vramlens.estimator.loss_pattern import LossScript
 from vramlens.estimator.runtime import CUBLAS_WORKSPACE_BYTES
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -36,6 +37,23 @@ def _term(report: object, name: str) -> int:
     return next(term.bytes for term in report.terms if term.name == name)  # type: ignore[attr-defined]
 
 
+def _head(width: int, *, input_grad: bool = True) -> LoraHead:
+    """A head adapter of rank 2 on an 8 -> 100 head whose logits and input are ``width`` bytes,
+    fp32 adapters (PEFT), no autocast, no dropout, one chunk."""
+    return lora_head(
+        hidden=8,
+        vocab=100,
+        rank=2,
+        logits_bytes=width,
+        input_bytes=width,
+        adapter_bytes=4,
+        autocast=False,
+        dropout=False,
+        chunks=1.0,
+        input_grad=input_grad,
+    )
+
+
 def test_the_head_adapter_trains_r_times_hidden_plus_vocab_in_fp32() -> None:
     with_head = estimate(_workload())
     elements = head_adapter_elements(16, 896, 151936)
@@ -46,31 +64,20 @@ def test_the_head_adapter_trains_r_times_hidden_plus_vocab_in_fp32() -> None:
 
 def test_the_branch_is_vocabulary_sized_in_forward_and_backward() -> None:
     # bf16 head, fp32 PEFT adapters: logits 2V, branch 4V, fp32 sum 4V; backward 2V + 4V + 4V.
-    head = lora_head(
-        hidden=8,
-        vocab=100,
-        rank=2,
-        logits_bytes=2,
-        input_bytes=2,
-        adapter_bytes=4,
-        autocast=False,
-        dropout=False,
-        chunks=1.0,
-    )
+    head = _head(2)
     assert (head.forward_peak, head.backward_peak, head.saved) == (1000, 1000, 4 * 8 + 4 * 2)
     # fp32 throughout: no casts; lora_A keeps the hidden state itself.
-    fp32 = lora_head(
-        hidden=8,
-        vocab=100,
-        rank=2,
-        logits_bytes=4,
-        input_bytes=4,
-        adapter_bytes=4,
-        autocast=False,
-        dropout=False,
-        chunks=1.0,
-    )
+    fp32 = _head(4)
     assert (fp32.forward_peak, fp32.backward_peak, fp32.saved) == (1200, 800, 4 * 8 + 4 * 2)
+    # Only the head trains (LoRA on lm_head alone, no recompute): the final hidden state needs no
+    # gradient, so autograd makes none for the base output: no bf16 copy of the gradient (the
+    # simulator's timeline of PEFT's head), backward 4V + 4V.
+    alone = _head(2, input_grad=False)
+    assert alone.backward_peak == 800
+    plain = LossScript(forward=(("+", "logits", 200),), backward=())
+    made = [name for sign, name, _ in with_head_script(plain, alone, vocab=100, tokens=1).backward if sign == "+"]
+    assert made == ["dsum", "dscaled"]
+    assert "dlogits" in [n for sign, n, _ in with_head_script(plain, head, vocab=100, tokens=1).backward if sign == "+"]
 
 
 def test_all_linear_leaves_the_head_out_as_peft_does() -> None:
@@ -90,6 +97,10 @@ def test_unknown_targets_still_name_the_modules() -> None:
 
 # ---- against the simulator and a tracked run ------------------------------------------------
 
+_TIED = {"model": "llama-3.2-1b", "recompute": "full", "lora": {"targets": ["lm_head"]}}
+_AUTOCAST = {"precision": "mixed-bf16"}
+_HEAD_ONLY = {"model": "llama-3.2-1b", "lora": {"targets": ["lm_head"]}}
+
 
 @requires_hf
 @pytest.mark.hf
@@ -98,11 +109,11 @@ def test_unknown_targets_still_name_the_modules() -> None:
     "overrides",
     [
         # Tied embeddings: PEFT wraps the tied head (the simulator re-ties its base layer).
-        pytest.param({"model": "llama-3.2-1b", "recompute": "full", "lora": {"targets": ["lm_head"]}}, id="tied"),
-        pytest.param({"precision": "mixed-bf16"}, id="autocast"),
+        pytest.param(_TIED, id="tied"),
+        pytest.param(_AUTOCAST, id="autocast"),
         # The head alone, no recompute: autograd records no decoder layer (it was 18% high when their
         # saved tensors were counted).
-        pytest.param({"model": "llama-3.2-1b", "lora": {"targets": ["lm_head"]}}, id="head only"),
+        pytest.param(_HEAD_ONLY, id="head only"),
     ],
 )
 def test_estimate_within_3_percent_of_the_simulation(overrides: dict[str, object]) -> None:
@@ -113,6 +124,47 @@ def test_estimate_within_3_percent_of_the_simulation(overrides: dict[str, object
     for sim, est in zip(simulated.phases, estimated.phases, strict=True):
         assert est.allocated_bytes == pytest.approx(sim.allocated_bytes, rel=0.03), sim.name
     assert estimated.reserved_bytes == pytest.approx(simulated.reserved_bytes, rel=0.03)
+
+
+@requires_hf
+@pytest.mark.hf
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        # Was +10.7% while the frozen layers' weights were requested a few bytes over their size
+        # (tests/estimator/test_step_shape.py).
+        pytest.param(_TIED, id="tied"),
+        pytest.param(_AUTOCAST, id="autocast"),
+        pytest.param(
+            _HEAD_ONLY,
+            id="head only",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="+6.2%: the frozen layers' forward transients (no autograd graph) are placed in the "
+                "second step's cached logits segments differently from the simulator's timeline",
+            ),
+        ),
+    ],
+)
+def test_the_replayed_step_within_3_percent_of_the_simulation(overrides: dict[str, object]) -> None:
+    from vramlens.simulator import simulate
+
+    workload = _workload(**overrides)
+    replayed = estimate(workload, reserved_replay=True)
+    assert replayed.reserved_bytes == pytest.approx(simulate(workload).reserved_bytes, rel=0.03)
+
+
+def test_the_branch_is_freed_before_the_base_output_as_in_peft() -> None:
+    # PEFT: ``result = result + lora_B(lora_A(dropout(x))) * scaling``; the scaled branch is a
+    # temporary of the expression (freed when the sum is made), the base output is freed when
+    # ``result`` is rebound (the simulator's timeline of transformers' code has this order).
+    for width in (2, 4):  # bf16 head (a promoted fp32 sum, cast back) and fp32 (no casts)
+        head = _head(width)
+        plain = LossScript(forward=(("+", "logits", 100 * width),), backward=())
+        script = with_head_script(plain, head, vocab=100, tokens=1)
+        frees = [name for sign, name, _ in script.forward if sign == "-"]
+        assert frees.index("scaled") < frees.index("head"), width
 
 
 @requires_hf

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 
 from vramlens.errors import InputError
-from vramlens.estimator.lora_head import HEAD_NAMES, head_adapter_elements
+from vramlens.estimator.lora_head import EMBED_NAMES, HEAD_NAMES, head_adapter_elements
 from vramlens.estimator.memo_keys import LayoutInputs
 from vramlens.estimator.qlora import unquantized_bytes
 from vramlens.estimator.vision import tower_targets, vision_frozen_bytes, vision_trained
@@ -38,8 +38,6 @@ __all__ = [
     "lora_targets",
     "param_layout",
 ]
-
-EMBED_NAMES = {"embed_tokens", "wte", "embed_in", "word_embeddings", "tok_embeddings"}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

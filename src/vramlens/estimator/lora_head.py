@@ -32,14 +32,16 @@ from vramlens.estimator.logits import LogitsMemory
 from vramlens.estimator.loss_pattern import LossScript, Step
 from vramlens.resolve.context import TrainingContext
 from vramlens.resolve.kbit import kbit_prepared
-from vramlens.workload.options import LossImpl
+from vramlens.workload.options import LossImpl, Method, Recompute
 
 __all__ = [
+    "EMBED_NAMES",
     "HEAD_NAMES",
     "LoraHead",
     "check_head_loss",
     "head_adapter_elements",
     "lora_head",
+    "only_the_head_trains",
     "training_lora_head",
     "with_head_script",
     "with_lora_head",
@@ -48,6 +50,8 @@ __all__ = [
 #: Names of the output projection across frameworks (transformers ``lm_head``, GPT-NeoX
 #: ``embed_out``, torchtune ``output``).
 HEAD_NAMES = frozenset({"lm_head", "embed_out", "output"})
+#: Names of the input embedding across frameworks (transformers, GPT-2, GPT-NeoX, BLOOM, torchtune).
+EMBED_NAMES = frozenset({"embed_tokens", "wte", "embed_in", "word_embeddings", "tok_embeddings"})
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -63,6 +67,8 @@ class LoraHead:
     formula: str
     dtypes: tuple[int, int, int]
     """Bytes per element of the base logits, the adapter branch and their sum (``a``, ``d``, ``p``)."""
+    input_grad: bool
+    """The head's input needs a gradient, so the base branch's is made (cast back to ``a``)."""
 
 
 def head_adapter_elements(rank: int, hidden: int, vocab: int) -> int:
@@ -81,13 +87,16 @@ def lora_head(
     autocast: bool,
     dropout: bool,
     chunks: float,
+    input_grad: bool,
 ) -> LoraHead:
     """The head adapter's bytes per token.
 
     ``logits_bytes``: the base head's output dtype; ``input_bytes``: the final hidden state's;
     ``adapter_bytes``: the adapter weights' (4 under PEFT); ``autocast``: an autocast region runs
     the adapter matmuls in bf16 (``d = 2``); ``chunks``: the head runs on ``1/chunks`` of the
-    tokens at a time (chunked output of torchtune / LitGPT; 1 otherwise).
+    tokens at a time (chunked output of torchtune / LitGPT; 1 otherwise); ``input_grad``: the
+    final hidden state needs a gradient (false when only the head trains: autograd then skips the
+    sum's gradient for the base output, its cast back to ``a``).
     """
     a = logits_bytes
     d = 2 if autocast else adapter_bytes
@@ -98,7 +107,7 @@ def lora_head(
     saved = kept_input + (hidden if dropout else 0) + cast * rank
     chunks = max(chunks, 1.0)
     forward = a * vocab * (chunks - 1) / chunks + (a + d + p) * vocab / chunks
-    branch = a + p + d if p != a else a + d
+    branch = (a if input_grad else 0) + p + d if p != a else a + d
     backward = a * vocab * (chunks - 1) / chunks + branch * vocab / chunks
     return LoraHead(
         saved=saved,
@@ -110,6 +119,7 @@ def lora_head(
             f"{f' (one chunk of {chunks:g} at a time)' if chunks > 1 else ''}, V={vocab}"
         ),
         dtypes=(a, d, p),
+        input_grad=input_grad,
     )
 
 
@@ -146,7 +156,16 @@ def training_lora_head(ctx: TrainingContext, targets: frozenset[str], *, loss_ch
         autocast=ctx.autocast,
         dropout=ctx.workload.lora.dropout > 0,
         chunks=loss_chunks if ctx.loss is LossImpl.CHUNKED else 1.0,
+        input_grad=not only_the_head_trains(ctx, targets),
     )
+
+
+def only_the_head_trains(ctx: TrainingContext, targets: frozenset[str]) -> bool:
+    """Nothing before the LM head needs a gradient, so autograd records no decoder layer: ``freeze``, or
+    LoRA on the head alone without recompute (with it, PEFT makes the embedding's output require a
+    gradient), without a trained embedding. Checked against the simulator (``test_lora_head.py``)."""
+    head_lora = ctx.method is Method.LORA and not targets - HEAD_NAMES and ctx.workload.recompute is Recompute.NONE
+    return (ctx.method is Method.FREEZE or head_lora) and not EMBED_NAMES & set(ctx.workload.lora.modules_to_save)
 
 
 def with_lora_head(logits: LogitsMemory, head: LoraHead, tokens: int) -> LogitsMemory:
@@ -170,11 +189,13 @@ def with_head_script(script: LossScript, head: LoraHead, *, vocab: int, tokens: 
         return script
     forward: list[Step] = [("+", "head", a), ("+", "lora_b", d), ("+", "scaled", d), ("-", "lora_b", 0)]
     if p == a:
-        forward += [("+", "logits", a), ("-", "head", 0), ("-", "scaled", 0)]
+        forward += [("+", "logits", a), ("-", "scaled", 0), ("-", "head", 0)]
         backward: list[Step] = [("+", "dscaled", d), ("-", "dscaled", 0)]
     else:
-        forward += [("+", "sum", p), ("-", "head", 0), ("-", "scaled", 0), ("+", "logits", a), ("-", "sum", 0)]
-        # ToCopyBackward up-casts the logits' gradient; the engine casts it back for the base branch.
-        backward = [("+", "dsum", p), ("-", "dlogits", 0), ("+", "dlogits", a), ("+", "dscaled", d)]
+        forward += [("+", "sum", p), ("-", "scaled", 0), ("-", "head", 0), ("+", "logits", a), ("-", "sum", 0)]
+        # ToCopyBackward up-casts the logits' gradient; the engine casts it back for the base branch
+        # when the head's input needs a gradient.
+        backward = [("+", "dsum", p), ("-", "dlogits", 0), *([("+", "dlogits", a)] if head.input_grad else [])]
+        backward.append(("+", "dscaled", d))
         backward += [("-", "dscaled", 0), ("-", "dsum", 0)]
     return LossScript(forward=(*forward, *script.forward[1:]), backward=(*script.backward, *backward))

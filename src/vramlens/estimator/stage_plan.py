@@ -16,9 +16,9 @@ from functools import partial
 from typing import NamedTuple, cast
 
 from vramlens.categories import Category
-from vramlens.estimator.layout import EMBED_NAMES, StageView
+from vramlens.estimator.layout import StageView
 from vramlens.estimator.logits_terms import LossAmounts, LossPlan, loss_plan
-from vramlens.estimator.lora_head import HEAD_NAMES
+from vramlens.estimator.lora_head import only_the_head_trains
 from vramlens.estimator.recompute import LayerActivations, eager_attention_working, layer_activations, train_state
 from vramlens.estimator.ring_attention import ring_backward_bytes
 from vramlens.estimator.stage_memory import WHOLE_STEP, StageEffect, StageMemory
@@ -28,7 +28,7 @@ from vramlens.model.spec import ModelSpec
 from vramlens.resolve._memo import MEMO_LIMIT
 from vramlens.resolve.context import TrainingContext
 from vramlens.units import format_bytes
-from vramlens.workload.options import Method, Recompute
+from vramlens.workload.options import Method
 
 __all__ = [
     "AtSeq",
@@ -252,7 +252,7 @@ def _adapter_transients(ctx: TrainingContext, targets: frozenset[str], inner: in
 def build_at_seq(ctx: TrainingContext, *, stage: StageView, targets: frozenset[str], memoized: bool = True) -> AtSeq:
     state = train_state(ctx, targets)
     acts = layer_activations(ctx, state, stage.layer_range, memoized=memoized)
-    if _only_the_head_trains(ctx, targets):
+    if only_the_head_trains(ctx, targets):
         acts = LayerActivations(
             saved_per_token=0.0,
             transient_per_token=0.0,
@@ -263,14 +263,6 @@ def build_at_seq(ctx: TrainingContext, *, stage: StageView, targets: frozenset[s
     eager = eager_attention_working(ctx, state, stage.layer_range)
     working = (working_set(ctx, targets, acts, eager, False), working_set(ctx, targets, acts, eager, True))
     return AtSeq(acts=acts, working=working, loss=loss)
-
-
-def _only_the_head_trains(ctx: TrainingContext, targets: frozenset[str]) -> bool:
-    """Nothing before the LM head needs a gradient, so autograd records no decoder layer: ``freeze``, or
-    LoRA on the head alone without recompute (with it, PEFT makes the embedding's output require a
-    gradient), without a trained embedding. Checked against the simulator (``test_lora_head.py``)."""
-    head_lora = ctx.method is Method.LORA and not targets - HEAD_NAMES and ctx.workload.recompute is Recompute.NONE
-    return (ctx.method is Method.FREEZE or head_lora) and not EMBED_NAMES & set(ctx.workload.lora.modules_to_save)
 
 
 def _at_seq_key(at: AtSeq) -> object:

@@ -24,8 +24,7 @@ from vramlens.estimator.optimizers import optimizer_model
 from vramlens.estimator.qlora import unquantized_bytes
 from vramlens.estimator.quantities import StageMemory
 from vramlens.estimator.step_layers import Saved, saved_tensors, score_chain, tensor_widths
-from vramlens.model.modules import layer_linears
-from vramlens.model.params import norm_parameters
+from vramlens.estimator.step_weights import frozen_rest, layer_tensors, unsharded_params
 from vramlens.model.spec import LayerKind
 from vramlens.resolve._memo import memo
 from vramlens.resolve.context import TrainingContext
@@ -44,7 +43,8 @@ class StepShape:
 
     layers: int
     edge_params: tuple[int, ...]
-    """Embedding, then final norm and head weights (resident)."""
+    """The embedding (first stage), the head (last stage, untied), then the rest of a frozen
+    unquantized base outside the layers (the final norm and the like; resident)."""
     layer_params: tuple[tuple[int, ...], ...]
     """Each layer kind's resident weights (frozen base or trained), in module order."""
     layer_trained: tuple[tuple[int, ...], ...]
@@ -147,52 +147,11 @@ class StepShape:
     in_backward: bool
 
 
-def _layer_weights(ctx: TrainingContext, kind: LayerKind, layer_elements: int) -> list[int]:
-    """Elements of each weight of one layer of ``kind`` on this rank: linears (and biases), norms, and
-    the rest (routed experts as fused 3-D gate/up and down tensors, the router; a state mixer's
-    convolution and vectors) in two tensors (memoized on the spec)."""
-    key = _LayerWeights(kind=kind, layer_elements=layer_elements, tp=ctx.workload.parallel.tp)
-    return memo(ctx.spec, key, lambda: _weights_of_layer(ctx, kind, layer_elements))
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _LayerWeights:
-    """The memo key of :func:`_layer_weights`."""
-
-    kind: LayerKind
-    layer_elements: int
-    tp: int
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class _StageKinds:
     """The memo key of :func:`_kinds`."""
 
     layer_range: range
-
-
-def _weights_of_layer(ctx: TrainingContext, kind: LayerKind, layer_elements: int) -> list[int]:
-    spec, tp = ctx.spec, ctx.workload.parallel.tp
-    weights: list[int] = []
-    for s in layer_linears(spec, kind):
-        weights.append(s.in_features * s.out_features // tp)
-        if s.bias:
-            weights.append(s.out_features // tp)
-    weights.extend([norm_parameters(spec.norm, spec.hidden_size)] * spec.norms_per_layer)
-    rest = layer_elements - sum(weights)
-    if rest > 0:
-        weights.extend([2 * rest // 3, rest - 2 * rest // 3])
-    return weights
-
-
-def _adapters(ctx: TrainingContext, kind: LayerKind, targets: frozenset[str]) -> list[int]:
-    """Elements of the LoRA A (r x in) and B (out x r) matrices of one layer of ``kind``."""
-    rank, tp = ctx.workload.lora.rank, ctx.workload.parallel.tp
-    found: list[int] = []
-    for s in layer_linears(ctx.spec, kind):
-        if s.name in targets:
-            found.extend([rank * s.in_features, s.out_features // tp * rank])
-    return found
 
 
 def _kinds(ctx: TrainingContext, stage: StageView) -> list[LayerKind]:
@@ -261,7 +220,8 @@ def step_shape(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str], 
     if stage.last and not (spec.tie_word_embeddings and stage.first):
         edges.append(table)
     edge_bytes = ctx.param_bytes if ctx.full else unquantized_bytes(ctx)
-    layer_params, layer_trained = _layer_tensors(ctx, stage, targets, kinds, d_param, sum(edges) * edge_bytes)
+    layer_params, layer_trained = layer_tensors(ctx, stage, targets, kinds, d_param, sum(edges) * edge_bytes)
+    rest = frozen_rest(ctx, stage, kinds, layer_params, int(sum(edges) * edge_bytes) // d_param) if layers else 0
     embedding, head, trained_edges = _trained_edges(ctx, stage)
     group = stage.trainable[0] if stage.trainable else None
     a = ctx.compute_bytes
@@ -270,7 +230,7 @@ def step_shape(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str], 
     chain = score_chain(ctx, mem, targets) if layers else ()
     return StepShape(
         layers=stage.layers,
-        edge_params=tuple(int(e * edge_bytes) // d_param for e in edges),
+        edge_params=(*(int(e * edge_bytes) // d_param for e in edges), *([rest] if rest else [])),
         layer_params=tuple(layer_params),
         layer_trained=tuple(layer_trained) or ((),),
         edge_trained=trained_edges,
@@ -325,7 +285,7 @@ def _fsdp_fields(
         "gather_layer_grads": gather_grads,
         "gather_embedding": gather_embedding if copy_out else 0,
         "gather_tail": gather_tail if copy_out else 0,
-        "unsharded_layer": _unsharded(ctx, stage, kinds, layer_trained, a) if copy_out else ((),),
+        "unsharded_layer": unsharded_params(ctx, stage, kinds, layer_trained, a) if copy_out else ((),),
         "unsharded_grads": (
             tuple(tuple(e * a for e in t) for t in layer_trained) if copy_out and layer_trained else ((),)
         ),
@@ -338,43 +298,6 @@ def _fsdp_fields(
         "reduce_bytes": 4 if ctx.profile.fsdp_reduce_fp32 else a,
         "grad_stream": Stream.ALL_REDUCE if parallel.shard is Shard.HSDP else Stream.REDUCE_SCATTER,
     }
-
-
-def _layer_tensors(
-    ctx: TrainingContext,
-    stage: StageView,
-    targets: frozenset[str],
-    kinds: list[LayerKind],
-    d_param: int,
-    edges_frozen: float,
-) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
-    """(resident weights in bytes, trained tensors in elements) of each layer kind; a frozen base's
-    layers share the stage's frozen bytes less the vocabulary matrices' (``edges_frozen``, resident
-    in their own tensors)."""
-    layer_params, layer_trained = [], []
-    for kind in kinds:
-        weights = _layer_weights(ctx, kind, stage.layer_elements)
-        if ctx.full:
-            layer_params.append(tuple(w * ctx.param_bytes // d_param for w in weights))
-            layer_trained.append(tuple(weights))
-        else:
-            frozen = max(0.0, stage.frozen_bytes - edges_frozen) / max(stage.layers, 1) / max(sum(weights), 1)
-            layer_params.append(tuple(int(w * frozen) // d_param for w in weights if w))
-            layer_trained.append(tuple(_adapters(ctx, kind, targets)))
-    return layer_params, layer_trained
-
-
-def _unsharded(
-    ctx: TrainingContext, stage: StageView, kinds: list[LayerKind], trained: list[tuple[int, ...]], a: int
-) -> tuple[tuple[int, ...], ...]:
-    """Each layer kind's unsharded parameters in the compute dtype, one tensor per parameter as
-    FSDP2's copy-out makes them (``FSDPParam.alloc_all_gather_outputs``): the weights, and with
-    LoRA the adapters beside them."""
-    found = []
-    for kind, adapters in zip(kinds, trained, strict=True):
-        weights = _layer_weights(ctx, kind, stage.layer_elements)
-        found.append(tuple(e * a for e in (*weights, *(() if ctx.full else adapters)) if e))
-    return tuple(found) or ((),)
 
 
 def _optimizer_fields(ctx: TrainingContext) -> dict[str, Any]:

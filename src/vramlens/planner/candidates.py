@@ -40,13 +40,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from vramlens.errors import InputError
+from vramlens.estimator.layout import param_layout
 from vramlens.estimator.logits_terms import loss_memory
+from vramlens.estimator.quantities import stage_memory
 from vramlens.model.spec import ModelSpec
-from vramlens.resolve.context import resolve_training
+from vramlens.resolve.context import TrainingContext, resolve_training
 from vramlens.workload.options import (
     LossImpl,
     Method,
@@ -61,6 +64,8 @@ from vramlens.workload.ranges import RANGES
 from vramlens.workload.spec import Parallelism, Workload
 
 __all__ = ["RECOMPUTE_CHAINS", "Group", "Knobs", "apply_knobs", "groups", "knob_axes", "layouts", "per_rank_samples"]
+
+T = TypeVar("T")
 
 #: Largest tensor-parallel degree offered: TP all-reduces every layer and belongs inside one
 #: NVLink domain of 8 GPUs (Megatron-LM paper, Narayanan et al. 2021, section 3.3).
@@ -228,16 +233,34 @@ def _more_saving_losses(loss: LossImpl) -> list[LossImpl]:
     return list(LOSS_ORDER[rank + 1 :])
 
 
+def _user_context(spec: ModelSpec, user: Workload, group: Group, **change: object) -> TrainingContext:
+    """The training context of the user's own knobs in ``group`` (its first micro-batch option)
+    with ``change`` (knob fields); raises InputError where the settings do not resolve."""
+    knobs = Knobs(
+        recompute=(user.recompute, user.recompute_every), loss=user.loss, optimizer=user.optimizer,
+        offload=group.parallel.offload, micro_batch=_micro_batches(user, group.parallel)[0],
+    )  # fmt: skip
+    return resolve_training(spec, apply_knobs(user, group, dataclasses.replace(knobs, **change)))  # type: ignore[arg-type]
+
+
+def _monotone_axis(first: T, options: Sequence[T], amounts: Callable[[T], tuple[int, ...] | None]) -> list[T]:
+    """``first``, then each of ``options`` in order whose ``amounts`` are nowhere above the last kept
+    option's (an option whose amounts do not resolve is kept: its estimate refuses it later)."""
+    axis, last = [first], amounts(first) if options else None
+    for option in options:
+        here = amounts(option)
+        if here is not None and last is not None and any(h > b for h, b in zip(here, last, strict=True)):
+            continue
+        axis.append(option)
+        last = here if here is not None else last
+    return axis
+
+
 def _loss_bytes(spec: ModelSpec, user: Workload, group: Group, loss: LossImpl) -> tuple[int, ...] | None:
     """The logits and loss bytes of ``loss`` in ``group`` at each instant of the step (at the loss,
     kept, start of backward, kept outputs), or None where the settings do not resolve."""
-    micro = _micro_batches(user, group.parallel)[0]
-    knobs = Knobs(
-        recompute=(user.recompute, user.recompute_every), loss=loss, optimizer=user.optimizer,
-        offload=group.parallel.offload, micro_batch=micro,
-    )  # fmt: skip
     try:
-        memory = loss_memory(resolve_training(spec, apply_knobs(user, group, knobs)))
+        memory = loss_memory(_user_context(spec, user, group, loss=loss))
     except InputError:
         return None
     return memory.forward_end, memory.kept, memory.backward_start, memory.outputs
@@ -249,14 +272,36 @@ def loss_axis(spec: ModelSpec, user: Workload, group: Group) -> list[LossImpl]:
     bytes per token whatever the vocabulary, chunked a vocabulary's worth: with the vocabulary
     split by tensor parallelism chunking can hold less (Mixtral-8x7B, tp 8: 26 against 41 KB per
     token), and an axis must only lower the peak. Per token, so one micro-batch decides for all."""
-    axis, last = [user.loss], _loss_bytes(spec, user, group, user.loss)
-    for loss in _more_saving_losses(user.loss):
-        here = _loss_bytes(spec, user, group, loss)
-        if here is not None and last is not None and any(h > b for h, b in zip(here, last, strict=True)):
-            continue
-        axis.append(loss)
-        last = here if here is not None else last
-    return axis
+    return _monotone_axis(user.loss, _more_saving_losses(user.loss), functools.partial(_loss_bytes, spec, user, group))
+
+
+def _optimizer_bytes(spec: ModelSpec, user: Workload, group: Group, optimizer: OptimizerName) -> tuple[int, ...] | None:
+    """Each stage's optimizer state and step temporaries in the allocator under ``optimizer`` in
+    ``group``, then the same with its paged state (the device level), or None where the settings do
+    not resolve."""
+    try:
+        ctx = _user_context(spec, user, group, optimizer=optimizer)
+        layout = param_layout(ctx)
+        stages = [stage_memory(ctx, stage, layout.targets) for stage in layout.stages]
+    except InputError:
+        return None
+    kept = [m.states_bytes + m.step_temp_bytes + m.hook_step_bytes for m in stages]
+    return (*kept, *(n + m.paged_states_bytes for n, m in zip(kept, stages, strict=True)))
+
+
+def optimizer_axis(spec: ModelSpec, user: Workload, group: Group) -> list[OptimizerName]:
+    """The user's optimizer, then each 8-bit one after it that holds no more on any stage than the
+    last one kept. An 8-bit optimizer is not always smaller: under Trainer, bitsandbytes steps the
+    embedding tables with 32-bit state, fp32 whatever the parameter dtype, while torch's AdamW keeps
+    its moments in the parameters' dtype; so with bf16 weights the pipeline stage that holds the
+    embedding grows (Llama-3.2-1B, pp 8, stage 0: 1.5 GB of AdamW state against 2.3 GB), and an
+    axis must only lower the peak."""
+    options: list[OptimizerName] = []
+    if user.optimizer in ADAMW_FAMILY:
+        options.extend(EIGHT_BIT)
+    elif user.optimizer is OptimizerName.ADAMW_8BIT:
+        options.append(OptimizerName.PAGED_ADAMW_8BIT)
+    return _monotone_axis(user.optimizer, options, functools.partial(_optimizer_bytes, spec, user, group))
 
 
 def knob_axes(
@@ -265,15 +310,10 @@ def knob_axes(
     """The group's knob axes: recompute (one of :data:`RECOMPUTE_CHAINS` is ordered; the default,
     every setting, is not), loss (:func:`loss_axis`), optimizer, offload, micro-batch."""
     losses = loss_axis(spec, user, group)
-    optimizers: list[OptimizerName] = [user.optimizer]
-    if user.optimizer in ADAMW_FAMILY:
-        optimizers.extend(EIGHT_BIT)
-    elif user.optimizer is OptimizerName.ADAMW_8BIT:
-        optimizers.append(OptimizerName.PAGED_ADAMW_8BIT)
     return (
         list(recompute),
         list(losses),
-        list(optimizers),
+        list[object](optimizer_axis(spec, user, group)),
         list(_offloads(group.parallel)),
         list(_micro_batches(user, group.parallel)),
     )
