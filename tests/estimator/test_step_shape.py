@@ -54,3 +54,30 @@ def test_a_quantized_bases_layers_share_its_frozen_bytes() -> None:
     _, stage, shape = _shape("llama-3.2-1b", method="qlora", precision="bf16")
     layers = sum(shape.layer_params[0]) * stage.layers  # type: ignore[attr-defined]
     assert layers + sum(shape.edge_params) == pytest.approx(stage.frozen_bytes, rel=1e-4)  # type: ignore[attr-defined]
+
+
+def test_no_layer_runs_backward_when_only_the_head_trains() -> None:
+    # LoRA on lm_head alone, no recompute: nothing below the head needs a gradient, so autograd
+    # makes no hidden-state gradient and runs no layer's backward (the simulator's timeline of
+    # PEFT's step has none between the head's backward and the optimizer step).
+    from dataclasses import replace
+
+    from vramlens.estimator.reserved import training_loss_script
+    from vramlens.estimator.step_pattern import step_pattern
+
+    spec = load_model("llama-3.2-1b")
+    keys = {"method": "lora", "precision": "bf16", "lora": {"targets": ["lm_head"]}}
+    workload = load_workload({"model": spec, "batch": 1, "seq": 512, "framework": "hf", **keys})
+    ctx = resolve_training(spec, workload)
+    layout = param_layout(ctx)
+    mem = stage_memory(ctx, layout.stages[0], layout.targets)
+    shape = step_shape(ctx, mem, layout.targets)
+    assert not shape.below_head and mem.working_bytes == 0
+    loss = training_loss_script(ctx, mem, layout.targets)
+
+    def hidden_requests(each: object) -> int:
+        events = step_pattern(each, loss, layers=shape.layers).events  # type: ignore[arg-type]
+        return sum(1 for nbytes, _, _ in events if nbytes == shape.hidden)
+
+    # Two steps, each one hidden-state gradient at the head and one per layer.
+    assert hidden_requests(replace(shape, below_head=True)) - hidden_requests(shape) == 2 * (shape.layers + 1)

@@ -11,7 +11,7 @@ makes their terms and formulas, or :meth:`StagePlan.numbers` a memory of the qua
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import NamedTuple, cast
 
@@ -262,6 +262,9 @@ def build_at_seq(ctx: TrainingContext, *, stage: StageView, targets: frozenset[s
     loss = loss_plan(ctx, targets) if stage.last else None
     eager = eager_attention_working(ctx, state, stage.layer_range)
     working = (working_set(ctx, targets, acts, eager, False), working_set(ctx, targets, acts, eager, True))
+    if only_the_head_trains(ctx, targets):  # no layer keeps anything (as under recompute) and none runs backward
+        unkept = replace(working[1], backward=0.0, scan=0.0, backward_per_rank=0.0)
+        working = (unkept, unkept)
     return AtSeq(acts=acts, working=working, loss=loss)
 
 

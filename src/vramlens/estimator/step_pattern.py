@@ -265,7 +265,7 @@ class _Writer:
         if copy_out and grads and (s.head_trained or (s.tied and s.embedding_trained)):
             head_grad = p.alloc(s.edge_trained[-1] * s.unsharded_bytes)  # the head's unsharded gradient
         tied = p.alloc(s.edge_trained[0] * s.grad_bytes // s.grads_sharded) if s.tied_grads else -1
-        dhidden = p.alloc(s.hidden)
+        dhidden = p.alloc(s.hidden) if s.below_head or copy_out else -1
         if grads and s.head_trained and not copy_out:
             self._grad(s.edge_trained[-1])
         self._script((("-", "dlogits", 0),), out.names)
@@ -277,6 +277,8 @@ class _Writer:
                 if grads and s.head_trained:
                     self._reduce([head_grad], s.edge_trained[-1] + s.tail_norm, self.layers + 1)
         for i in reversed(range(self.layers)):
+            if not (s.below_head or copy_out):  # only the head trains: no layer's backward runs
+                continue
             if copy_out:  # copy-out, the output freed, the next unit (or the embedding) prefetched
                 gathered = self._prefetched(s.gather_layer, s.unsharded_layer[self._kind(i)])
                 self.held = p.alloc(s.gather_layer if i else s.gather_embedding, Stream.ALL_GATHER)

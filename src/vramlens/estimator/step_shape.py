@@ -19,12 +19,11 @@ from vramlens.allocator.streams import Stream
 from vramlens.estimator.fsdp import accumulates_unsharded, resolved_wrap, units, uses_fsdp2
 from vramlens.estimator.layer_script import ForwardScript
 from vramlens.estimator.layout import EMBED_NAMES, StageView
-from vramlens.estimator.lora_head import HEAD_NAMES
+from vramlens.estimator.lora_head import HEAD_NAMES, only_the_head_trains
 from vramlens.estimator.optimizers import optimizer_model
-from vramlens.estimator.qlora import unquantized_bytes
 from vramlens.estimator.quantities import StageMemory
 from vramlens.estimator.step_layers import Saved, saved_tensors, score_chain, tensor_widths
-from vramlens.estimator.step_weights import frozen_rest, layer_tensors, unsharded_params
+from vramlens.estimator.step_weights import resident_weights, unsharded_params
 from vramlens.model.spec import LayerKind
 from vramlens.resolve._memo import memo
 from vramlens.resolve.context import TrainingContext
@@ -145,6 +144,8 @@ class StepShape:
     grads_sharded: int
     states_sharded: int
     in_backward: bool
+    below_head: bool
+    """Gradients flow below the head (false when only the head trains: autograd records no layer)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -216,12 +217,7 @@ def step_shape(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str], 
     d_param = ctx.shard_group if parallel.shard in _PARAM_SHARDED else 1
     kinds = _kinds(ctx, stage) if layers else []
     table = spec.vocab_size * spec.hidden_size // parallel.tp
-    edges = [table] if stage.first else []
-    if stage.last and not (spec.tie_word_embeddings and stage.first):
-        edges.append(table)
-    edge_bytes = ctx.param_bytes if ctx.full else unquantized_bytes(ctx)
-    layer_params, layer_trained = layer_tensors(ctx, stage, targets, kinds, d_param, sum(edges) * edge_bytes)
-    rest = frozen_rest(ctx, stage, kinds, layer_params, int(sum(edges) * edge_bytes) // d_param) if layers else 0
+    edge_params, layer_params, layer_trained = resident_weights(ctx, stage, targets, kinds, d_param)
     embedding, head, trained_edges = _trained_edges(ctx, stage)
     group = stage.trainable[0] if stage.trainable else None
     a = ctx.compute_bytes
@@ -230,7 +226,7 @@ def step_shape(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str], 
     chain = score_chain(ctx, mem, targets) if layers else ()
     return StepShape(
         layers=stage.layers,
-        edge_params=(*(int(e * edge_bytes) // d_param for e in edges), *([rest] if rest else [])),
+        edge_params=edge_params,
         layer_params=tuple(layer_params),
         layer_trained=tuple(layer_trained) or ((),),
         edge_trained=trained_edges,
@@ -268,6 +264,7 @@ def step_shape(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str], 
         grads_sharded=ctx.shard_group if parallel.shard in _GRAD_SHARDED else 1,
         states_sharded=ctx.shard_group if parallel.shard in _STATE_SHARDED else 1,
         in_backward=ctx.in_backward_step,
+        below_head=not only_the_head_trains(ctx, targets),
     )
 
 

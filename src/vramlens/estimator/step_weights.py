@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vramlens.estimator.layout import StageView, effective_quant
+from vramlens.estimator.qlora import unquantized_bytes
 from vramlens.model.modules import layer_linears
 from vramlens.model.params import norm_parameters
 from vramlens.model.spec import LayerKind
@@ -18,7 +19,7 @@ from vramlens.resolve._memo import memo
 from vramlens.resolve.context import TrainingContext
 from vramlens.workload.options import Quant, Shard
 
-__all__ = ["frozen_rest", "layer_tensors", "unsharded_params"]
+__all__ = ["resident_weights", "unsharded_params"]
 
 _PARAM_SHARDED = {Shard.ZERO3, Shard.FSDP, Shard.HSDP}
 
@@ -64,7 +65,7 @@ def _adapters(ctx: TrainingContext, kind: LayerKind, targets: frozenset[str]) ->
     return found
 
 
-def layer_tensors(
+def _layer_tensors(
     ctx: TrainingContext,
     stage: StageView,
     targets: frozenset[str],
@@ -93,7 +94,7 @@ def layer_tensors(
     return layer_params, layer_trained
 
 
-def frozen_rest(
+def _frozen_rest(
     ctx: TrainingContext, stage: StageView, kinds: list[LayerKind], layer_params: list[tuple[int, ...]], edges: int
 ) -> int:
     """Bytes of a frozen, unquantized base that are in neither the decoder layers' weights nor the
@@ -117,3 +118,20 @@ def unsharded_params(
         weights = _layer_weights(ctx, kind, stage.layer_elements)
         found.append(tuple(e * a for e in (*weights, *(() if ctx.full else adapters)) if e))
     return tuple(found) or ((),)
+
+
+def resident_weights(
+    ctx: TrainingContext, stage: StageView, targets: frozenset[str], kinds: list[LayerKind], d_param: int
+) -> tuple[tuple[int, ...], list[tuple[int, ...]], list[tuple[int, ...]]]:
+    """(the weights outside the layers in bytes: the embedding on the first stage, the head on the
+    last unless tied, then the rest of a frozen base; each layer kind's resident weights in bytes;
+    each layer kind's trained tensors in elements) on this rank, ``d_param`` ways sharded."""
+    spec = ctx.spec
+    table = spec.vocab_size * spec.hidden_size // ctx.workload.parallel.tp
+    edges = [table] if stage.first else []
+    if stage.last and not (spec.tie_word_embeddings and stage.first):
+        edges.append(table)
+    edge_bytes = ctx.param_bytes if ctx.full else unquantized_bytes(ctx)
+    layer_params, layer_trained = _layer_tensors(ctx, stage, targets, kinds, d_param, sum(edges) * edge_bytes)
+    rest = _frozen_rest(ctx, stage, kinds, layer_params, int(sum(edges) * edge_bytes) // d_param)
+    return (*(int(e * edge_bytes) // d_param for e in edges), *([rest] if rest else [])), layer_params, layer_trained
