@@ -195,7 +195,7 @@ def with_head_script(script: LossScript, head: LoraHead, *, vocab: int, tokens: 
         forward += [("+", "sum", p), ("-", "scaled", 0), ("-", "head", 0), ("+", "logits", a), ("-", "sum", 0)]
         # ToCopyBackward up-casts the logits' gradient; the engine casts it back for the base branch
         # when the head's input needs a gradient.
-        backward = [("+", "dsum", p), ("-", "dlogits", 0), *([("+", "dlogits", a)] if head.input_grad else [])]
-        backward.append(("+", "dscaled", d))
+        cast_back: list[Step] = [("+", "dlogits", a)] if head.input_grad else []
+        backward = [("+", "dsum", p), ("-", "dlogits", 0), *cast_back, ("+", "dscaled", d)]
         backward += [("-", "dscaled", 0), ("-", "dsum", 0)]
     return LossScript(forward=(*forward, *script.forward[1:]), backward=(*script.backward, *backward))

@@ -17,11 +17,9 @@ from vramlens.model.params import norm_parameters
 from vramlens.model.spec import LayerKind
 from vramlens.resolve._memo import memo
 from vramlens.resolve.context import TrainingContext
-from vramlens.workload.options import Quant, Shard
+from vramlens.workload.options import Quant
 
 __all__ = ["resident_weights", "unsharded_params"]
-
-_PARAM_SHARDED = {Shard.ZERO3, Shard.FSDP, Shard.HSDP}
 
 
 def _layer_weights(ctx: TrainingContext, kind: LayerKind, layer_elements: int) -> list[int]:
@@ -73,9 +71,9 @@ def _layer_tensors(
     d_param: int,
     edges_frozen: float,
 ) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
-    """(resident weights in bytes, trained tensors in elements) of each layer kind; a frozen base's
-    layers share the stage's frozen bytes less the vocabulary matrices' (``edges_frozen``, resident
-    in their own tensors)."""
+    """(resident weights in bytes, trained tensors in elements) of each layer kind: a frozen,
+    unquantized base's weights at their own sizes; a quantized base's layers share the stage's
+    frozen bytes less the vocabulary matrices' (``edges_frozen``, resident in their own tensors)."""
     layer_params, layer_trained = [], []
     for kind in kinds:
         weights = _layer_weights(ctx, kind, stage.layer_elements)
@@ -95,14 +93,18 @@ def _layer_tensors(
 
 
 def _frozen_rest(
-    ctx: TrainingContext, stage: StageView, kinds: list[LayerKind], layer_params: list[tuple[int, ...]], edges: int
+    ctx: TrainingContext,
+    stage: StageView,
+    kinds: list[LayerKind],
+    layer_params: list[tuple[int, ...]],
+    edges: int,
+    d_param: int,
 ) -> int:
     """Bytes of a frozen, unquantized base that are in neither the decoder layers' weights nor the
     vocabulary matrices (the final norm; a vision tower, a projector), resident in tensors of their
     own: 0 for full training and quantized bases (whose layers share the frozen bytes)."""
     if ctx.full or effective_quant(ctx) is not Quant.NONE or not kinds:
         return 0
-    d_param = ctx.shard_group if ctx.workload.parallel.shard in _PARAM_SHARDED else 1
     layers = sum(sum(layer_params[i % len(kinds)]) for i in range(stage.layers))
     return max(0, int(stage.frozen_bytes) // d_param - edges - layers)
 
@@ -133,5 +135,5 @@ def resident_weights(
         edges.append(table)
     edge_bytes = ctx.param_bytes if ctx.full else unquantized_bytes(ctx)
     layer_params, layer_trained = _layer_tensors(ctx, stage, targets, kinds, d_param, sum(edges) * edge_bytes)
-    rest = _frozen_rest(ctx, stage, kinds, layer_params, int(sum(edges) * edge_bytes) // d_param)
+    rest = _frozen_rest(ctx, stage, kinds, layer_params, int(sum(edges) * edge_bytes) // d_param, d_param)
     return (*(int(e * edge_bytes) // d_param for e in edges), *([rest] if rest else [])), layer_params, layer_trained
