@@ -73,6 +73,7 @@ ALLOWED = frozenset(
         "vramlens.estimator.loss_pattern",
         "vramlens.estimator.margins",
         "vramlens.estimator.memo_keys",
+        "vramlens.estimator.mlp_working",
         "vramlens.estimator.mixers",
         "vramlens.estimator.mixers.deltanet",
         "vramlens.estimator.mixers.mamba",

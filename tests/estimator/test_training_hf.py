@@ -65,10 +65,13 @@ def test_phase_peaks_match_a_tracked_run(name: str) -> None:
 #: Before the MLP's backward was written as measured (its intermediates' three gradients beside the three
 #: recomputed ones; the final norm's and the head's saved tensors freed before any layer's backward),
 #: LoRA on q,v was 6% under at 512 tokens and 9% at 2048, and LitGPT's FSDP step at 512 tokens 4%.
-_LAYER_BOUND = {
-    "LoRA q,v": {"method": "lora", "targets": ("q_proj", "v_proj")},
-    "LoRA all-linear": {"method": "lora"},
-    "full fine-tune": {},
+_LAYER_BOUND: dict[str, tuple[dict[str, object], float]] = {
+    "LoRA q,v": ({"method": "lora", "targets": ("q_proj", "v_proj")}, 0.01),
+    "LoRA all-linear": ({"method": "lora"}, 0.01),
+    "full fine-tune": ({}, 0.01),
+    # PEFT casts the down projection's input to its fp32 adapters even under autocast (autocast casts
+    # it back for the matmul): the recomputation's fp32 copy at that adapter is the peak; it was 6% under.
+    "LoRA all-linear, mixed-bf16": ({"method": "lora", "precision": "mixed-bf16"}, 0.02),
 }
 
 
@@ -78,9 +81,23 @@ def test_a_recomputed_layers_backward_peak_matches_a_tracked_run(name: str) -> N
     from hf_step import TINY_LLAMA
 
     config = {**TINY_LLAMA, "vocab_size": 64}
-    fields = {**_LAYER_BOUND[name], "recompute": True, "batch": 1, "seq": 1024, "config": config}
+    keys, tolerance = _LAYER_BOUND[name]
+    fields = {**keys, "recompute": True, "batch": 1, "seq": 1024, "config": config}
     measured, estimated = _phases(fields)
-    assert estimated["backward"] == pytest.approx(measured["backward"], rel=0.01)
+    assert estimated["backward"] == pytest.approx(measured["backward"], rel=tolerance)
+
+
+@pytest.mark.slow
+def test_the_down_adapters_fp32_input_copy_under_autocast_in_forward() -> None:
+    # LoRA on every linear under autocast, no recompute, a 64-token vocabulary: the forward's high
+    # point is PEFT's fp32 copy of the down projection's input beside the layer's kept tensors
+    # (estimator/mlp_working.py down_adapter_cast); the forward was 3% under without it.
+    from hf_step import TINY_LLAMA
+
+    config = {**TINY_LLAMA, "vocab_size": 64}
+    fields = {"method": "lora", "precision": "mixed-bf16", "batch": 1, "seq": 1024, "config": config}
+    measured, estimated = _phases(fields)
+    assert estimated["forward"] == pytest.approx(measured["forward"], rel=0.015)
 
 
 def test_bf16_step_in_the_fast_suite() -> None:

@@ -15,13 +15,14 @@ from vramlens.estimator.fsdp import Unsharded, fsdp_memory
 from vramlens.estimator.hook_step import hook_step
 from vramlens.estimator.layout import StageView, effective_quant, micro_batches_in_flight
 from vramlens.estimator.memo_keys import SizeFreeInputs
+from vramlens.estimator.mlp_working import mlp_out_elements
 from vramlens.estimator.offload import gradient_buffers
 from vramlens.estimator.optimizers import OptimizerModel, optimizer_model
 from vramlens.estimator.outside_layers import final_norm_per_token, rotary_buffer_bytes, rotary_per_token
 from vramlens.estimator.paged import add_bnb_state
 from vramlens.estimator.qlora import dequantized_bytes
 from vramlens.estimator.stage_memory import WHOLE_STEP, Formula, StageMemory, Summed, record_effect
-from vramlens.estimator.stage_plan import StagePlan, at_seq, build_at_seq, fill_terms, mlp_out_elements, sized_amounts
+from vramlens.estimator.stage_plan import StagePlan, at_seq, build_at_seq, fill_terms, sized_amounts
 from vramlens.estimator.trl_head import head_input_per_token
 from vramlens.estimator.zero3 import grad_partitions_whole_step
 from vramlens.estimator.zero3_terms import zero3_step_gradients, zero3_unsharded

@@ -19,16 +19,17 @@ from vramlens.categories import Category
 from vramlens.estimator.layout import StageView
 from vramlens.estimator.logits_terms import LossAmounts, LossPlan, loss_plan
 from vramlens.estimator.lora_head import only_the_head_trains
+from vramlens.estimator.mlp_working import (
+    adapter_transients,
+    down_adapter_cast,
+    recomputed_mlp_backward,
+)
 from vramlens.estimator.recompute import LayerActivations, eager_attention_working, layer_activations, train_state
 from vramlens.estimator.ring_attention import ring_backward_bytes
 from vramlens.estimator.stage_memory import WHOLE_STEP, StageEffect, StageMemory
-from vramlens.model.components import MlpKind
-from vramlens.model.modules import layer_linears
-from vramlens.model.spec import ModelSpec
 from vramlens.resolve._memo import MEMO_LIMIT
 from vramlens.resolve.context import TrainingContext
 from vramlens.units import format_bytes
-from vramlens.workload.options import Method
 
 __all__ = [
     "AtSeq",
@@ -180,13 +181,17 @@ def working_set(
     spec, a, tp = ctx.spec, ctx.compute_bytes, ctx.workload.parallel.tp
     h = spec.hidden_size
     inner = spec.mlp.intermediate_size if spec.mlp else spec.moe.expert_intermediate_size * spec.moe.experts_per_token  # type: ignore[union-attr]
-    adapter_sum, adapter_grad = _adapter_transients(ctx, targets, inner)
+    adapter_sum, adapter_grad = adapter_transients(ctx, targets, inner)
     dense = spec.mlp is not None and not spec.is_moe
     if recompute and dense:
         backward = recomputed_mlp_backward(ctx, targets, inner, adapter_grad)
     else:
         backward = a * (inner + h) + adapter_grad if recompute else a * (2 * inner + 2 * h)
-    forward = (a * h + 2 * a * inner + adapter_sum) if recompute else max(4 * h + a * h, adapter_sum)
+    forward = (
+        (a * h + 2 * a * inner + adapter_sum)
+        if recompute
+        else max(4 * h + a * h, adapter_sum, down_adapter_cast(ctx, targets, inner) if dense else 0.0)
+    )
     # Eager attention's score tensors come and go apart from the MLP's intermediates; a recomputed
     # layer's forward runs inside the backward pass, its kept tensors counted as the transient.
     over_kept, eager_backward, eager_forward = eager
@@ -203,50 +208,6 @@ def working_set(
         forward_per_rank=forward / tp + masks,
         besides_scores_per_rank=besides_scores,
     )
-
-
-def mlp_out_elements(spec: ModelSpec) -> int:
-    """Weight elements of a dense layer's MLP output projection (0 without a dense MLP or for MoE)."""
-    if spec.mlp is None or spec.is_moe:
-        return 0
-    return sum(s.in_features * s.out_features for s in layer_linears(spec) if s.group == "mlp_out")
-
-
-def recomputed_mlp_backward(ctx: TrainingContext, targets: frozenset[str], inner: int, adapter_grad: float) -> float:
-    """Bytes per token a recomputed dense layer's MLP backward holds beyond the layer's recomputed
-    tensors, at the higher of its two high points (tracked CPU runs of transformers' Llama layer under
-    non-reentrant checkpointing, LoRA on q/v, on every linear, and full fine-tuning:
-    ``tests/estimator/test_training_hf.py``):
-
-    * the activation's backward: the gradients of the MLP's intermediates (gated: the product's,
-      the activation's and the up projection's, ``3 a i``; plain: ``2 a i``) beside the incoming
-      hidden-state gradient (``a h``) and the input projections' adapter output gradients
-      (``adapter_grad``), less the down projection's kept input (the product, or an adapter's
-      cast copy of it), which its backward has freed by then;
-    * with an adapter on the down projection, its backward: the gradient of the adapter's input copy
-      and of its output (``d i + d h``, ``d`` the adapter's bytes) beside four hidden-state
-      gradients (incoming, the scaled branch's, the base branch's and their sum: ``4 a h``)."""
-    a, h, spec = ctx.compute_bytes, ctx.spec.hidden_size, ctx.spec
-    gradients = 3 if spec.mlp is not None and spec.mlp.kind is MlpKind.GATED else 2
-    down_adapted = ctx.method is not Method.FULL and any(
-        s.name in targets for s in layer_linears(spec) if s.group == "mlp_out"
-    )
-    d = 4 if ctx.profile.adapters_fp32 and not ctx.autocast else a
-    kept = a * inner if ctx.method is Method.FULL else (d * inner if down_adapted else 0)
-    activation = gradients * a * inner + a * h - kept + adapter_grad
-    return max(activation, d * (inner + h) + 4 * a * h) if down_adapted else activation
-
-
-def _adapter_transients(ctx: TrainingContext, targets: frozenset[str], inner: int) -> tuple[float, float]:
-    """Bytes per token of PEFT's ``result + lora_B(lora_A(x)) * scaling`` on an MLP input
-    projection: (forward: base output, scaled adapter output and promoted sum; backward:
-    the adapter output's gradient). ``d`` is 4 for fp32 adapters, 2 for bf16 or under autocast."""
-    if not targets or not any(
-        s.group == "mlp_in" and s.name in targets for s in layer_linears(ctx.spec, moe_layer=not ctx.spec.mlp)
-    ):
-        return 0.0, 0.0
-    d = 2 if ctx.autocast or not ctx.profile.adapters_fp32 else 4
-    return (2 * d + ctx.compute_bytes) * inner, d * inner
 
 
 def build_at_seq(ctx: TrainingContext, *, stage: StageView, targets: frozenset[str], memoized: bool = True) -> AtSeq:

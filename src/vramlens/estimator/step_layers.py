@@ -3,7 +3,7 @@
 The saved activations of every layer kind come from the layer recipe's parts
 (:mod:`vramlens.estimator.recompute`), each part as the tensors it holds; PEFT's adapter sums
 (``result = base(x); result = result + lora_B(lora_A(dropout(x))) * scaling``, the terms'
-``_adapter_transients`` in :mod:`vramlens.estimator.quantities`) where the adapted linear runs.
+``adapter_transients`` in :mod:`vramlens.estimator.mlp_working`) where the adapted linear runs.
 Bytes are ``int``.
 """
 
@@ -89,7 +89,7 @@ def kind_tensors(
     such as gate, up and activation outputs or keys and values, split into them) and PEFT's adapter
     sums of ``result = base(x); result = result + lora_B(lora_A(dropout(x))) * scaling``: the base
     output before the adapter's input copy, the sum after its ``lora_A`` output (the terms'
-    ``_adapter_transients``), as :attr:`StepShape.adapter_sums` lists them."""
+    ``adapter_transients``), as :attr:`StepShape.adapter_sums` lists them."""
     outs = {
         s.name: s.out_features // ctx.workload.parallel.tp for s in layer_linears(ctx.spec, kind) if s.name in targets
     }
