@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from vramlens.estimator import estimate
 from vramlens.estimator.lora_head import LoraHead, head_adapter_elements, lora_head, with_head_script
 from vramlens.estimator.loss_pattern import LossScript
 from vramlens.estimator.runtime import CUBLAS_WORKSPACE_BYTES
+from vramlens.result.report import MemoryReport
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -97,30 +99,31 @@ def test_unknown_targets_still_name_the_modules() -> None:
 
 # ---- against the simulator and a tracked run ------------------------------------------------
 
-_TIED = {"model": "llama-3.2-1b", "recompute": "full", "lora": {"targets": ["lm_head"]}}
-_AUTOCAST = {"precision": "mixed-bf16"}
-_HEAD_ONLY = {"model": "llama-3.2-1b", "lora": {"targets": ["lm_head"]}}
+#: Workloads checked against the simulator, by name.
+_SIMULATED: dict[str, dict[str, object]] = {
+    # Tied embeddings: PEFT wraps the tied head (the simulator re-ties its base layer).
+    "tied": {"model": "llama-3.2-1b", "recompute": "full", "lora": {"targets": ["lm_head"]}},
+    "autocast": {"precision": "mixed-bf16"},
+    # The head alone, no recompute: autograd records no decoder layer (it was 18% high when their
+    # saved tensors were counted).
+    "head only": {"model": "llama-3.2-1b", "lora": {"targets": ["lm_head"]}},
+}
+
+
+@functools.cache
+def _simulation(name: str) -> MemoryReport:
+    """The simulator's report of one of :data:`_SIMULATED` (simulated once per session)."""
+    from vramlens.simulator import simulate
+
+    return simulate(_workload(**_SIMULATED[name]))
 
 
 @requires_hf
 @pytest.mark.hf
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "overrides",
-    [
-        # Tied embeddings: PEFT wraps the tied head (the simulator re-ties its base layer).
-        pytest.param(_TIED, id="tied"),
-        pytest.param(_AUTOCAST, id="autocast"),
-        # The head alone, no recompute: autograd records no decoder layer (it was 18% high when their
-        # saved tensors were counted).
-        pytest.param(_HEAD_ONLY, id="head only"),
-    ],
-)
-def test_estimate_within_3_percent_of_the_simulation(overrides: dict[str, object]) -> None:
-    from vramlens.simulator import simulate
-
-    workload = _workload(**overrides)
-    simulated, estimated = simulate(workload), estimate(workload)
+@pytest.mark.parametrize("name", list(_SIMULATED))
+def test_estimate_within_3_percent_of_the_simulation(name: str) -> None:
+    simulated, estimated = _simulation(name), estimate(_workload(**_SIMULATED[name]))
     for sim, est in zip(simulated.phases, estimated.phases, strict=True):
         assert est.allocated_bytes == pytest.approx(sim.allocated_bytes, rel=0.03), sim.name
     assert estimated.reserved_bytes == pytest.approx(simulated.reserved_bytes, rel=0.03)
@@ -130,15 +133,14 @@ def test_estimate_within_3_percent_of_the_simulation(overrides: dict[str, object
 @pytest.mark.hf
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "overrides",
+    "name",
     [
-        # Was +10.7% while the frozen layers' weights were requested a few bytes over their size
-        # (tests/estimator/test_step_shape.py).
-        pytest.param(_TIED, id="tied"),
-        pytest.param(_AUTOCAST, id="autocast"),
+        # "tied" was +10.7% while the frozen layers' weights were requested a few bytes over their
+        # size (tests/estimator/test_step_shape.py).
+        "tied",
+        "autocast",
         pytest.param(
-            _HEAD_ONLY,
-            id="head only",
+            "head only",
             marks=pytest.mark.xfail(
                 strict=True,
                 reason="+6.7%: the frozen layers' no-grad forward transients (the MLP's gate, up and activation "
@@ -148,12 +150,9 @@ def test_estimate_within_3_percent_of_the_simulation(overrides: dict[str, object
         ),
     ],
 )
-def test_the_replayed_step_within_3_percent_of_the_simulation(overrides: dict[str, object]) -> None:
-    from vramlens.simulator import simulate
-
-    workload = _workload(**overrides)
-    replayed = estimate(workload, reserved_replay=True)
-    assert replayed.reserved_bytes == pytest.approx(simulate(workload).reserved_bytes, rel=0.03)
+def test_the_replayed_step_within_3_percent_of_the_simulation(name: str) -> None:
+    replayed = estimate(_workload(**_SIMULATED[name]), reserved_replay=True)
+    assert replayed.reserved_bytes == pytest.approx(_simulation(name).reserved_bytes, rel=0.03)
 
 
 def test_the_branch_is_freed_before_the_base_output_as_in_peft() -> None:

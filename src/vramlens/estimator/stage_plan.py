@@ -213,7 +213,8 @@ def working_set(
 def build_at_seq(ctx: TrainingContext, *, stage: StageView, targets: frozenset[str], memoized: bool = True) -> AtSeq:
     state = train_state(ctx, targets)
     acts = layer_activations(ctx, state, stage.layer_range, memoized=memoized)
-    if only_the_head_trains(ctx, targets):
+    head_only = only_the_head_trains(ctx, targets)
+    if head_only:
         acts = LayerActivations(
             saved_per_token=0.0,
             transient_per_token=0.0,
@@ -223,7 +224,7 @@ def build_at_seq(ctx: TrainingContext, *, stage: StageView, targets: frozenset[s
     loss = loss_plan(ctx, targets) if stage.last else None
     eager = eager_attention_working(ctx, state, stage.layer_range)
     working = (working_set(ctx, targets, acts, eager, False), working_set(ctx, targets, acts, eager, True))
-    if only_the_head_trains(ctx, targets):  # no layer keeps anything (as under recompute) and none runs backward
+    if head_only:  # no layer keeps anything (as under recompute) and none runs backward
         unkept = replace(working[1], backward=0.0, scan=0.0, backward_per_rank=0.0)
         working = (unkept, unkept)
     return AtSeq(acts=acts, working=working, loss=loss)
