@@ -4,7 +4,10 @@ Run on a machine with one NVIDIA GPU (H100/H200: about 8 minutes)::
 
     python benchmarks/gpu_truth.py --out validation/measured/<date>-<gpu>
 
-and commit the folder. ``--dry-run`` (CPU, CI) lists the battery, estimates every run and checks
+and commit the folder (the ``sim-<n>.log`` files are the simulation workers' output: read, not
+committed). Without vramlens installed there, ``PYTHONPATH=src``; bitsandbytes (QLoRA) can travel
+as an unpacked wheel on ``PYTHONPATH`` (the 2026-11-27 battery: bitsandbytes 0.50.2 with only its
+CUDA 13 library, 8 MiB). ``--dry-run`` (CPU, CI) lists the battery, estimates every run and checks
 that the records it would write match the schema (:func:`check_record`).
 
 The battery (:data:`BATTERY`): HF + PEFT training steps - full, LoRA, QLoRA when bitsandbytes is
@@ -68,9 +71,9 @@ BATTERY: tuple[dict[str, Any], ...] = (
     _train("large-full-bf16-ckpt", "large", "full", "bf16", 2, 2048, recompute="full"),
     _train("large-qlora", "large", "qlora", "bf16", 2, 2048),
     _train("large-lora-bf16-expandable", "large", "lora", "bf16", 2, 2048, alloc_conf=EXPANDABLE),
-    _infer("medium-generate", "medium", 1, 1024, 256),
-    _infer("small-generate-long", "small", 4, 4096, 512),
-    _infer("small-generate-long-expandable", "small", 4, 4096, 512, alloc_conf=EXPANDABLE),
+    _infer("medium-generate", "medium", 1, 1024, 128),
+    _infer("small-generate-long", "small", 4, 4096, 128),
+    _infer("small-generate-long-expandable", "small", 4, 4096, 128, alloc_conf=EXPANDABLE),
     _infer("large-generate-batch", "large", 8, 2048, 128),
 )
 
@@ -189,19 +192,14 @@ def _start_simulations(out: Path, workers: int) -> list[tuple[subprocess.Popen[b
     """Start ``workers`` CPU processes, each simulating its share of the battery."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     shares = [list(BATTERY[i::workers]) for i in range(workers)]
-    return [
-        (
-            subprocess.Popen(
-                [sys.executable, __file__, "--simulate", json.dumps(share), "--out", str(out)],
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            ),
-            share,
-        )
-        for share in shares
-        if share
-    ]
+    started = []
+    for index, share in enumerate(shares):
+        if share:  # each worker's output in sim-<n>.log (the 2026-11-27 battery's workers finished none, unseen)
+            with (out / f"sim-{index}.log").open("wb") as log:
+                command = [sys.executable, __file__, "--simulate", json.dumps(share), "--out", str(out)]
+                process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+            started.append((process, share))
+    return started
 
 
 def _finish_simulations(sims: list[tuple[subprocess.Popen[bytes], list[dict[str, Any]]]], deadline: float) -> None:

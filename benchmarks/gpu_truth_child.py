@@ -6,7 +6,8 @@ accelerate does; ``loss.backward()``, fused AdamW ``step()``, ``zero_grad(set_to
 three steps. LoRA adapters are PEFT's (all linear layers, r=16); QLoRA loads the base as
 bitsandbytes NF4 with double quantization (skipped without bitsandbytes). An inference run is
 ``model.generate`` with ``min_new_tokens = max_new_tokens`` (greedy). Models are built from the
-catalog's config with random weights on the GPU (no download).
+catalog's config with random weights on the GPU (no download); the cache is emptied after
+loading (``from_config`` leaves the untied LM head's segment cached, which ``from_pretrained`` does not).
 """
 
 from __future__ import annotations
@@ -136,6 +137,9 @@ def measure_run(entry: dict[str, Any], out: Path) -> None:
     started = time.monotonic()
     model = _model(workload, torch)
     torch.cuda.synchronize()
+    # from_config makes the untied LM head and frees it when the weights are tied: a vocabulary-sized
+    # segment left cached that from_pretrained does not leave (the 2026-11-27 battery measured it).
+    torch.cuda.empty_cache()
     loaded = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
     torch.cuda.reset_peak_memory_stats()
     torch.cuda.memory._record_memory_history(max_entries=SNAPSHOT_EVENTS, context=None, stacks="python")

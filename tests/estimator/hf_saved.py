@@ -92,6 +92,8 @@ def _saved_by_layer(
     """Bytes each decoder layer keeps (its own storages) in one forward of ``config_json``'s model."""
     import torch
 
+    from vramlens.simulator.build import cuda_sdpa_backend
+
     torch.manual_seed(0)
     model = _build(json.loads(config_json), getattr(torch, dtype), attention)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -119,7 +121,8 @@ def _saved_by_layer(
         from liger_standins import liger_applied
 
         patched = liger_applied(model)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), amp, patched:
+    # SDPA on the backend CUDA picks (fp32 with grouped KV heads: math; the CPU's flash kernel takes it)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), amp, patched, cuda_sdpa_backend():
         output = model(**inputs)
     gc.collect()
     saved: dict[int, dict[int, int]] = {index: {} for index in range(len(layers))}

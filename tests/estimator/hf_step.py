@@ -142,7 +142,9 @@ def measure_phases(step: Step) -> dict[str, int]:
     tracker.register([list(model.parameters()), list(model.buffers()), ids])
     autocast = step.precision == "mixed-bf16"
     amp = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
-    with tracker:
+    from vramlens.simulator.build import cuda_sdpa_backend  # SDPA on CUDA's backend (fp32 + GQA: math)
+
+    with tracker, cuda_sdpa_backend():
         for index in range(2):
             if index == 1:
                 tracker.reset_peak()

@@ -74,3 +74,40 @@ def test_gemma2_inference_auto_is_eager() -> None:
 def test_other_frameworks_keep_their_own_kernel() -> None:
     # torchtune's Gemma 2 is its own module code, not transformers': no transformers rule applies.
     assert estimate({**GEMMA2, "framework": "torchtune", "attention": "sdpa"}).allocated_bytes > 0
+
+
+# ---- SDPA's math backend: fp32 queries with grouped KV heads (validation/measured/2026-11-27-h200) ----
+
+QLORA = {"model": "llama-3.2-1b", "method": "qlora", "precision": "bf16", "batch": 2, "seq": 1024}
+
+
+def test_fp32_queries_with_grouped_kv_heads_run_the_math_backend_counted_as_eager() -> None:
+    """QLoRA without autocast computes in the fp32 of the prepared model; Llama 3.2 groups 32 query
+    heads over 8 KV heads, and no fused CUDA kernel takes that in fp32: the s x s probabilities are
+    kept (the H200 battery allocated 1.8x the fused-kernel estimate)."""
+    math = estimate(QLORA)
+    assert any(note.startswith("attention sdpa: fp32 queries") for note in math.assumptions)
+    fused = estimate({**QLORA, "versions": {"torch": "2.4"}})  # before enable_gqa: keys repeated, efficient kernel
+    eager = estimate({**QLORA, "attention": "eager"})
+    assert fused.allocated_bytes < 0.8 * math.allocated_bytes
+    assert math.allocated_bytes == pytest.approx(eager.allocated_bytes, rel=0.01)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"precision": "mixed-bf16"},  # autocast hands SDPA bf16: flash
+        {"method": "lora"},  # a bf16 base: bf16 queries
+        {"model": "gpt2", "method": "full", "precision": "fp32"},  # no grouped KV heads: memory-efficient takes fp32
+        {"attention": "flash"},
+    ],
+    ids=["autocast", "bf16", "no-gqa", "flash"],
+)
+def test_a_fused_kernel_runs_otherwise(change: dict) -> None:
+    report = estimate({**QLORA, **change})
+    assert not any(note.startswith("attention sdpa: fp32 queries") for note in report.assumptions)
+
+
+def test_full_fp32_training_of_a_gqa_model_runs_the_math_backend_too() -> None:
+    report = estimate({"model": "qwen2.5-0.5b", "precision": "fp32", "batch": 1, "seq": 512})
+    assert any(note.startswith("attention sdpa: fp32 queries") for note in report.assumptions)

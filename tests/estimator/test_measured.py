@@ -1,6 +1,20 @@
 """The estimator against every measurement committed under ``validation/measured/`` (real GPUs,
-``benchmarks/gpu_truth.py``): allocated within 10% of ``max_memory_allocated``, and the safe
-reserved and device figures at or above ``max_memory_reserved`` and nvidia-smi's figure."""
+``benchmarks/gpu_truth.py``).
+
+Per run record (status ``ok``):
+
+* allocated within 3% of ``torch.cuda.max_memory_allocated`` (the H200 battery of 2026-11-27: every
+  run within 1.2%, QLoRA without autocast included since SDPA's math backend is counted; it was
+  32-46% under before);
+* reserved and device between the point estimate (less 5%) and the point estimate plus the run's
+  **load hole** (plus 5%). The hole is ``load_reserved - load_allocated``: the battery built its
+  models with ``from_config`` on the GPU, which makes the untied LM head and frees it when the
+  weights are tied, leaving a vocabulary-sized segment cached that a ``from_pretrained`` load does
+  not leave. A training step reuses it (its reserved figure is the estimate's); ``generate`` is too
+  small to, so it stays in ``max_memory_reserved`` and nvidia-smi (13% and 11% above the estimate,
+  exactly the hole). Later batteries empty the cache after loading (hole 0);
+* the safe reserved and device figures, plus the hole, at or above what was measured.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +26,8 @@ import pytest
 from vramlens.estimator import estimate
 
 MEASURED = Path(__file__).resolve().parents[2] / "validation" / "measured"
+#: The battery's results folders and what each holds (a folder lost from the tree fails here).
+FOLDERS = {"2026-11-27-h200": 16}
 
 
 def _records() -> list[tuple[str, dict]]:
@@ -38,14 +54,26 @@ def test_records_match_the_battery_schema() -> None:
         assert check_record(record) == [], name
 
 
-@pytest.mark.skipif(not RECORDS, reason="no GPU measurement committed under validation/measured yet")
+def test_every_committed_battery_is_read() -> None:
+    counted = {folder: sum(name.startswith(f"{folder}/") for name, _ in RECORDS) for folder in FOLDERS}
+    assert counted == FOLDERS
+
+
+def _load_hole(measured: dict) -> int:
+    """Bytes the model's load left cached and free (see the module doc)."""
+    return max(0, measured["load_reserved_bytes"] - measured["load_allocated_bytes"])
+
+
 @pytest.mark.parametrize(("name", "record"), RECORDS, ids=[name for name, _ in RECORDS])
 def test_estimate_against_the_measurement(name: str, record: dict) -> None:
     report = estimate(record["workload"])
     measured = record["measured"]
+    hole = _load_hole(measured)
     assert report.safe is not None
-    assert report.allocated_bytes == pytest.approx(measured["max_allocated_bytes"], rel=0.10)
-    assert report.safe.reserved_bytes >= measured["max_reserved_bytes"]
+    assert report.allocated_bytes == pytest.approx(measured["max_allocated_bytes"], rel=0.03)
+    assert 0.95 * report.reserved_bytes <= measured["max_reserved_bytes"] <= 1.05 * (report.reserved_bytes + hole)
+    assert report.safe.reserved_bytes + hole >= measured["max_reserved_bytes"]
     device = measured["nvidia_smi_bytes"] or measured["device_used_bytes"]
     if device is not None:
-        assert report.safe.device_bytes >= device
+        assert 0.95 * report.device_bytes <= device <= 1.05 * (report.device_bytes + hole)
+        assert report.safe.device_bytes + hole >= device

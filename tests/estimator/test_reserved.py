@@ -2,9 +2,9 @@
 
 What is checked, and where the expected numbers come from:
 
-* with FSDP2, and on one GPU with ``reserved_replay: true``, the slack is the replay of the whole
-  step pattern, every layer;
-* otherwise (DDP here) the vocabulary part is the replay of the step pattern without decoder
+* with FSDP2, and on one GPU unless ``reserved_replay: false`` (the default is the replay), the
+  slack is the replay of the whole step pattern, every layer;
+* otherwise (DDP, or one GPU with ``reserved_replay: false``) the vocabulary part is the replay of the step pattern without decoder
   layers (``step_pattern(layers=0)``) through ``vramlens.allocator``, less the layers' gradients
   (which are allocated during backward and can take the stranded blocks), and the layers' part is
   ``LAYER_SLACK_FRACTION`` x each kind of churn (``layer_churn``), the fitted table of
@@ -47,15 +47,9 @@ from vramlens.workload.load import load_workload
 
 MiB = 1 << 20
 WORKLOADS = {
-    "full bf16": {"model": "qwen2.5-0.5b", "precision": "bf16", "batch": 1, "seq": 1024},
-    "full bf16 whole step": {
-        "model": "qwen2.5-0.5b",
-        "precision": "bf16",
-        "batch": 1,
-        "seq": 1024,
-        "reserved_replay": True,
-    },
-    "lora mixed": {"model": "llama-3.2-1b", "method": "lora", "batch": 2, "seq": 2048},
+    "full bf16": {"model": "qwen2.5-0.5b", "precision": "bf16", "batch": 1, "seq": 1024, "reserved_replay": False},
+    "full bf16 whole step": {"model": "qwen2.5-0.5b", "precision": "bf16", "batch": 1, "seq": 1024},
+    "lora mixed": {"model": "llama-3.2-1b", "method": "lora", "batch": 2, "seq": 2048, "reserved_replay": False},
     "full fsdp": {"model": "llama-3.2-1b", "batch": 2, "seq": 2048, "parallel": {"gpus": 8, "shard": "fsdp"}},
     "full ddp": {
         "model": "qwen2.5-0.5b",
@@ -103,7 +97,7 @@ def test_slack_is_the_replayed_vocabulary_part_plus_the_fitted_layer_part(name: 
     assert report.reserved_bytes == report.allocated_bytes + slack.total_bytes
 
 
-def test_one_gpu_replays_the_whole_step_only_when_the_workload_asks() -> None:
+def test_one_gpu_replays_the_whole_step_unless_the_workload_says_false() -> None:
     closed, whole = (_parts(WORKLOADS[name])[0] for name in ("full bf16", "full bf16 whole step"))
     assert not replays_whole_step(closed) and replays_whole_step(whole)
     ddp = _parts({**WORKLOADS["full ddp"], "reserved_replay": True})[0]
@@ -116,7 +110,7 @@ def test_a_replay_asked_for_after_closed_forms_of_the_same_stage_is_a_replay() -
     """The closed form keeps a template per stage once its size-free settings are seen twice; a
     workload of that stage that asks for the whole-step replay must still get the replay (it
     got the template's closed form before ``training_slack`` asked ``replays_whole_step`` first)."""
-    base = {"model": "qwen2.5-0.5b", "precision": "bf16", "batch": 3, "seq": 1000}
+    base = {"model": "qwen2.5-0.5b", "precision": "bf16", "batch": 3, "seq": 1000, "reserved_replay": False}
     replayed = estimate({**base, "reserved_replay": True})
     closed = estimate(base)
     assert replayed.reserved_bytes != closed.reserved_bytes  # the two differ on this workload

@@ -106,7 +106,9 @@ def real_training_peak(
         step_with = torch.optim.AdamW(trainable, fused=True)
     autocast = precision == "mixed-bf16"
     amp = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
-    with tracker:
+    from vramlens.simulator.build import cuda_sdpa_backend  # SDPA on CUDA's backend (fp32 + GQA: math)
+
+    with tracker, cuda_sdpa_backend():
         for _ in range(2):
             with amp:
                 out = model(input_ids=ids, labels=ids)

@@ -8,16 +8,19 @@ step's activations so that the same request needs a new segment, 20 MiB segments
 ``CUDACachingAllocator.cpp`` the simulator replays its recorded timelines through), under the
 workload's ``alloc_conf``:
 
-* with parameters sharded by FSDP2, and on one GPU when the workload says ``reserved_replay: true``
-  (3-70 ms an estimate by the number of layers, 20-90x the default one: ``benchmarks/replay_speed.py``;
-  so not the default), the **whole step is replayed**, every layer:
+* with parameters sharded by FSDP2, and on one GPU unless the workload says ``reserved_replay: false``
+  (3-70 ms an estimate by the number of layers, 20-90x the closed form: ``benchmarks/replay_speed.py``;
+  the default since the H200 battery, ``validation/measured/2026-11-27-h200``, found it within 1.2% of
+  ``max_memory_reserved`` on every unquantized training run where the closed form was up to 13% low
+  under checkpointing), the **whole step is replayed**, every layer:
   :mod:`vramlens.estimator.step_pattern` writes the requests the estimator's terms imply in code
   order (:mod:`vramlens.estimator.step_shape`, :mod:`vramlens.estimator.step_layers`) straight
   into the allocator model
   (:func:`~vramlens.allocator.replaying.replaying_pattern`, the peaks of the full replay to the byte),
   memoized on the frozen :class:`~vramlens.estimator.step_shape.StepShape`; checked against the simulator's
   replay of the real code (``tests/simulator/test_agreement.py``, ``test_distributed.py``);
-* otherwise (one GPU by default; DDP, ZeRO, FSDP1 always) two parts: the vocabulary-sized
+* otherwise (one GPU with ``reserved_replay: false``, as the planner's search prunes; DDP, ZeRO, FSDP1
+  always) two parts: the vocabulary-sized
   tensors (logits and loss, the head's weight copy, the embedding's and head's gradients and
   state) replayed (the pattern with no decoder layer), and the decoder layers' slack as a
   **closed form**, ``LAYER_SLACK_FRACTION`` of the activation and of the parameter-sized memory
@@ -258,9 +261,9 @@ def _template(
 
 
 def replays_whole_step(ctx: TrainingContext) -> bool:
-    """The whole step is replayed, every layer, when the workload asks for it (``reserved_replay:
-    true``: 3-70 ms an estimate, so not the default of the CLI, the planner's search and the web
-    page, whose 200 concurrent answers must come within a second) on one GPU without CPU offload,
+    """The whole step is replayed, every layer, unless the workload says ``reserved_replay: false``
+    (3-70 ms an estimate: the planner's search prunes with the closed form and replays only the
+    points it keeps) on one GPU without CPU offload,
     for a model vramlens describes layer by layer (not a generic module): the layers' requests are
     written from the estimator's own terms (:mod:`vramlens.estimator.step_shape`) and checked
     against the simulator's replay of the real code's timeline (``tests/simulator/test_agreement.py``)."""

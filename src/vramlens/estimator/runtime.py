@@ -9,7 +9,12 @@ taken as the MiB the tools print (``torch.cuda.mem_get_info`` / 2**20, nvidia-sm
   default since 1.13, pytorch/pytorch#86509, on CUDA >= 11.7) a bare context measured 287 MB
   (PR #86509, 2022), about 400 MB (pytorch/pytorch#109888, 2023) and 426 MiB on an RTX 6000 Ada
   with torch 2.10 + CUDA 13.0 (unslothai/unsloth-zoo#1053, 2026); a step then loads the kernels it
-  uses, bounded by eager loading's 667 MB (PR #86509). 512 MiB: a context plus a step's kernels.
+  uses. **Measured** on an H200 (driver 580.159.04, torch 2.11 + CUDA 13.0, 2026-11-27,
+  ``validation/measured/2026-11-27-h200``): 518 MiB bare, 774 MiB after one bf16 matmul (98 MiB of
+  it reserved), and nvidia-smi minus ``max_memory_reserved`` = 758 MiB after every training step of
+  the battery (708-742 MiB after HF ``generate`` and QLoRA): 758 MiB, a context with a training
+  step's kernels. Older drivers and smaller GPUs (fewer SMs) measured less, so elsewhere this is
+  high by up to ~300 MiB.
   With eager loading (torch < 1.13 or ``CUDA_MODULE_LOADING=EAGER``): "> 1000 MB" (ptrblck,
   pytorch/pytorch#107667, 2023): 1000 MiB.
 * **NCCL**, per communicator this rank takes part in (buffers of ``NCCL_BUFFSIZE`` = 4 MiB per
@@ -81,10 +86,11 @@ RUNTIME_CONSTANTS: Final = {
     for c in (
         _constant(
             "cuda_context",
-            512 * MiB,
-            "lazy module loading: bare context 287 MB (pytorch/pytorch#86509, 2022), ~400 MB (#109888, 2023), "
-            "426 MiB RTX 6000 Ada torch 2.10+cu130 (unslothai/unsloth-zoo#1053, 2026); a step's kernels on top, "
-            "bounded by eager loading's 667 MB (#86509)",
+            758 * MiB,
+            "measured: nvidia-smi - max_memory_reserved after HF training steps, H200, driver 580.159.04, torch "
+            "2.11+cu130, 2026-11-27 (validation/measured/2026-11-27-h200; 518 MiB bare); lazy module loading's "
+            "bare context elsewhere: 287 MB (pytorch/pytorch#86509, 2022), ~400 MB (#109888, 2023), 426 MiB "
+            "RTX 6000 Ada torch 2.10+cu130 (unslothai/unsloth-zoo#1053, 2026)",
         ),
         _constant(
             "cuda_context_eager",
@@ -175,7 +181,7 @@ def runtime_parts(parallel: Parallelism, *, paged_bytes: int = 0, eager_modules:
 _PART_TERMS: Final = {
     "cuda_context": (
         "CUDA context",
-        "512 MiB: a lazily loaded context (287-426 MB measured) plus a step's kernels (pytorch/pytorch#86509)",
+        "758 MiB: a lazily loaded context with a training step's kernels (measured: H200, CUDA 13)",
     ),
     "cuda_context_eager": (
         "CUDA context (eager module loading)",

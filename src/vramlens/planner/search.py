@@ -18,8 +18,8 @@ included). The model is loaded once and put into every workload (``dataclasses.r
 a configuration costs one estimate (~0.15 ms) plus, if kept, one time estimate.
 
 The search estimates one GPU's reserved level with the closed form (``reserved_replay: false``,
-the default, 20-90x faster than replaying the whole step and monotone along the knob axes as the
-pruning needs). When the workload asks for the replay (``reserved_replay: true``,
+20-90x faster than replaying the whole step and monotone along the knob axes as the pruning
+needs). When the workload asks for the replay (``reserved_replay: true``, the default,
 :func:`vramlens.estimator.reserved.replays_whole_step`), only the points the search keeps are
 estimated with it, and each stays only if it still fits: a plan's figures are those ``vramlens
 estimate`` prints for the same configuration, at a few replays' cost instead of thousands.

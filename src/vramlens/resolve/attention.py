@@ -18,6 +18,19 @@ False``: SDPA has no attention sinks): requesting ``flash_attention_2`` makes tr
 flash-attention 3 kernel that takes the sinks; ``HfStyle.gpu_kernel`` names the kernel per family.
 A family without flash-attention 2 (``HfStyle.flash``:
 Llama 4, whose chunked attention flash cannot mask) refuses ``flash`` the same way.
+
+Which SDPA backend then runs depends on the tensors (``select_sdp_backend`` in torch's
+``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp``): flash and cuDNN take fp16/bf16 only, and
+the memory-efficient kernel has no grouped-query support (its dense constraints instantiate
+``check_batch_size_and_num_heads_dense<false>``). transformers hands SDPA the grouped keys and
+values with ``enable_gqa=True`` whenever there is no mask and the head dimension is at most 256
+(``use_gqa_in_sdpa``, torch >= 2.5).
+So fp32 queries (``precision: fp32``, or a QLoRA base after ``prepare_model_for_kbit_training``
+without autocast) on a model with fewer KV heads than query heads run the **math** backend, which
+repeats the keys and values to every head and keeps the ``heads x s x s`` probabilities for
+backward, as eager attention does (:func:`sdpa_runs_math`). Measured: QLoRA on Llama-3.2-1B and
+Qwen2.5-3B without autocast on an H200 (``validation/measured/2026-11-27-h200``) allocated 1.8x and
+1.5x what a fused kernel would.
 """
 
 from __future__ import annotations
@@ -26,8 +39,27 @@ from vramlens.errors import InputError
 from vramlens.model.spec import ModelSpec
 from vramlens.resolve.styles import HfStyle, hf_style
 from vramlens.workload.options import AttentionImpl
+from vramlens.workload.versions import older_than
 
-__all__ = ["hf_attention_kernel", "supports_sdpa"]
+__all__ = ["MATH_GLOBAL_NOTE", "MATH_NOTE", "hf_attention_kernel", "sdpa_runs_math", "supports_sdpa"]
+
+#: The report's line where the math backend runs but the estimate does not count it: only a model's
+#: global layers run it (its sliding or chunked layers get a mask, so repeated keys and a fused kernel),
+#: or under torch.compile (what Inductor keeps of the decomposed math is not read yet).
+MATH_GLOBAL_NOTE = (
+    "attention sdpa: fp32 queries with grouped KV heads: on CUDA the layers no mask reaches run SDPA's math "
+    "backend and keep heads x s x s probabilities, not counted here (sliding or chunked layers, or compile: "
+    "low; use autocast or bf16)"
+)
+#: Largest head dimension for which transformers hands SDPA grouped keys and values
+#: (``use_gqa_in_sdpa`` in ``transformers/integrations/sdpa_attention.py``, 5.x).
+_GQA_HEAD_DIM = 256
+#: The report's line when SDPA runs its math backend (:func:`sdpa_runs_math`).
+MATH_NOTE = (
+    "attention sdpa: fp32 queries with grouped KV heads reach no fused SDPA kernel on CUDA (flash and cuDNN "
+    "take fp16/bf16, memory-efficient has no enable_gqa), so torch runs its math backend, which keeps the "
+    "heads x s x s probabilities as eager attention does: counted as eager"
+)
 
 
 def supports_sdpa(spec: ModelSpec) -> bool:
@@ -63,3 +95,21 @@ def hf_attention_kernel(
         f"attention: {requested} - transformers refuses SDPA for {model_type} (its class sets _supports_sdpa = False); "
         f"accepted: auto or eager (eager attention), flash ({style.gpu_kernel})"
     )
+
+
+def sdpa_runs_math(
+    spec: ModelSpec, kernel: AttentionImpl, *, compute_bytes: int, versions: tuple[tuple[str, str], ...]
+) -> bool:
+    """Whether transformers' SDPA call runs torch's math backend (see the module doc): ``kernel``
+    (the resolved one) is SDPA or memory-efficient; the queries are fp32 (``compute_bytes`` 4: no
+    autocast); the model groups its KV heads with a head dimension of at most 256 (above it
+    ``use_gqa_in_sdpa`` repeats keys and values, which the memory-efficient kernel takes); the
+    family hands SDPA no mask (a sliding or chunked layer gets one: the caller says so,
+    :data:`MATH_GLOBAL_NOTE`); torch has ``enable_gqa`` (2.5). A model read from its code
+    (generic) is traced as it runs: not decided here."""
+    if kernel not in (AttentionImpl.SDPA, AttentionImpl.EFFICIENT) or compute_bytes != 4 or spec.generic is not None:
+        return False
+    if spec.attn.mla is not None or not 0 < spec.num_kv_heads < spec.num_heads or spec.head_dim > _GQA_HEAD_DIM:
+        return False
+    style = hf_style(spec.model_type)
+    return not (style.sdpa_mask or style.kv_repeat or older_than(versions, "sdpa_enable_gqa"))

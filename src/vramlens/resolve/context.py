@@ -13,7 +13,7 @@ from vramlens.errors import InputError
 from vramlens.model.quant_formats import qlora_bases
 from vramlens.model.spec import ModelSpec
 from vramlens.resolve._memo import memo
-from vramlens.resolve.attention import hf_attention_kernel
+from vramlens.resolve.attention import MATH_GLOBAL_NOTE, MATH_NOTE, hf_attention_kernel, sdpa_runs_math
 from vramlens.resolve.frameworks import PLAIN_NOTE, FrameworkProfile, MixedStyle, profile_for
 from vramlens.resolve.kbit import kbit_notes, prepared_compute_bytes
 from vramlens.resolve.kernels import check_kernels, liger_loss
@@ -105,9 +105,12 @@ def _dtypes(precision: Precision, profile: FrameworkProfile, *, sharded_params: 
     return {"param": 2, "compute": 2, "grad": 2, "state": 4, "master": 4, "autocast": False}
 
 
-def _attention(workload: Workload, profile: FrameworkProfile, spec: ModelSpec, notes: list[str]) -> AttentionImpl:
+def _attention(
+    workload: Workload, profile: FrameworkProfile, spec: ModelSpec, notes: list[str], *, compute_bytes: int
+) -> AttentionImpl:
     """The kernel: the workload's, or the framework's default for ``auto``; under HF, what
-    transformers runs for the family (:mod:`vramlens.resolve.attention`)."""
+    transformers runs for the family, and eager where SDPA runs its math backend
+    (:mod:`vramlens.resolve.attention`)."""
     resolved = workload.attention
     if resolved is AttentionImpl.AUTO:
         resolved = profile.attention
@@ -120,6 +123,12 @@ def _attention(workload: Workload, profile: FrameworkProfile, spec: ModelSpec, n
         return AttentionImpl.EAGER
     if transformers_loop:
         resolved, note = hf_attention_kernel(workload.attention, resolved, spec)
+        if sdpa_runs_math(spec, resolved, compute_bytes=compute_bytes, versions=workload.versions):
+            if workload.compile or any(layer.window or layer.chunk for layer in spec.layers):  # said, not counted
+                notes.append(MATH_GLOBAL_NOTE)
+            else:
+                notes.append(MATH_NOTE)
+                return AttentionImpl.EAGER
     if note:
         notes.append(note)
     elif workload.attention is AttentionImpl.AUTO:
@@ -281,7 +290,7 @@ def _settings(workload: Workload, spec: ModelSpec) -> dict[str, object]:
         "state_bytes": int(sizes["state"]),
         "master_bytes": int(sizes["master"]),
         "autocast": bool(sizes["autocast"]),
-        "attention": _attention(workload, profile, spec, notes),
+        "attention": _attention(workload, profile, spec, notes, compute_bytes=int(sizes["compute"])),
         "loss": _loss(workload, profile, notes),
         "optimizer_impl": _optimizer_impl(workload, profile, notes),
         "compiled_loss": _compiled_loss(workload, profile, notes),

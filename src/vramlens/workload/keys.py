@@ -192,7 +192,8 @@ KEYS: Final[tuple[Key, ...]] = (
     Key(path="alloc_conf", kind=Kind.ALLOC_CONF, since=V01,
         help="PYTORCH_CUDA_ALLOC_CONF of the run, e.g. expandable_segments:True (empty: PyTorch's defaults)"),
     Key(path="reserved_replay", kind=S, since=V01,
-        help="one-GPU training: reserved from a replay of the whole step's requests (10-50 ms; else a fitted closed form)"),
+        help="one-GPU training: reserved from a replay of the whole step's requests (3-10 ms; false: a fitted "
+             "closed form, 20-90x faster, up to 13% low on real GPUs)"),
     Key(path="lora.rank", kind=I, help="adapter rank r",
         range=NumberRange(low=1, high=2**16, why="no hidden size reaches 65,536")),
     Key(path="lora.alpha", kind=R, help="scaling numerator (alpha / r); no memory effect",

@@ -88,6 +88,15 @@ VERSION_RULES: Final = {
             "(huggingface/transformers#26572, v4.36)",
         ),
         VersionRule(
+            name="sdpa_enable_gqa",
+            package="torch",
+            since="2.5",
+            before="transformers repeated grouped keys and values to every head before SDPA, so fp32 attention "
+            "ran the memory-efficient kernel (no s x s probabilities kept)",
+            change="scaled_dot_product_attention gained enable_gqa in torch v2.5, which transformers passes when "
+            "there is no mask (use_gqa_in_sdpa); only the math backend takes it in fp32",
+        ),
+        VersionRule(
             name="lazy_module_loading",
             package="torch",
             since="1.13",
