@@ -111,3 +111,13 @@ def test_a_fused_kernel_runs_otherwise(change: dict) -> None:
 def test_full_fp32_training_of_a_gqa_model_runs_the_math_backend_too() -> None:
     report = estimate({"model": "qwen2.5-0.5b", "precision": "fp32", "batch": 1, "seq": 512})
     assert any(note.startswith("attention sdpa: fp32 queries") for note in report.assumptions)
+
+
+def test_fp32_prefill_with_grouped_kv_heads_runs_the_math_backend() -> None:
+    """generate() in fp32: the prefill's SDPA call has no mask (sequences padded alike) and grouped
+    KV heads, so CUDA runs the math backend, whose s x s scores and probabilities are eager's."""
+    prefill = {"model": "llama-3.2-1b", "mode": "infer", "precision": "fp32", "batch": 2, "prompt": 2048, "generate": 8}
+    math = estimate(prefill)
+    assert any(note.startswith("attention sdpa: fp32 queries") for note in math.assumptions)
+    assert math.allocated_bytes == estimate({**prefill, "attention": "eager"}).allocated_bytes
+    assert estimate({**prefill, "precision": "bf16"}).allocated_bytes < 0.5 * math.allocated_bytes

@@ -41,7 +41,7 @@ from vramlens.resolve.styles import HfStyle, hf_style
 from vramlens.workload.options import AttentionImpl
 from vramlens.workload.versions import older_than
 
-__all__ = ["MATH_GLOBAL_NOTE", "MATH_NOTE", "hf_attention_kernel", "sdpa_runs_math", "supports_sdpa"]
+__all__ = ["MATH_GLOBAL_NOTE", "MATH_NOTE", "hf_attention_kernel", "on_cuda_backend", "sdpa_runs_math", "supports_sdpa"]
 
 #: The report's line where the math backend runs but the estimate does not count it: only a model's
 #: global layers run it (its sliding or chunked layers get a mask, so repeated keys and a fused kernel),
@@ -113,3 +113,24 @@ def sdpa_runs_math(
         return False
     style = hf_style(spec.model_type)
     return not (style.sdpa_mask or style.kv_repeat or older_than(versions, "sdpa_enable_gqa"))
+
+
+def on_cuda_backend(
+    spec: ModelSpec,
+    kernel: AttentionImpl,
+    notes: list[str],
+    *,
+    compute_bytes: int,
+    versions: tuple[tuple[str, str], ...],
+    compiled: bool = False,
+) -> AttentionImpl:
+    """``kernel`` as CUDA runs it: eager where SDPA runs its math backend for every attention layer
+    (:func:`sdpa_runs_math`, :data:`MATH_NOTE`); unchanged with :data:`MATH_GLOBAL_NOTE` where only
+    the layers no mask reaches run it (sliding or chunked layers beside them) or under compile."""
+    if not sdpa_runs_math(spec, kernel, compute_bytes=compute_bytes, versions=versions):
+        return kernel
+    if compiled or any(layer.window or layer.chunk for layer in spec.layers):
+        notes.append(MATH_GLOBAL_NOTE)
+        return kernel
+    notes.append(MATH_NOTE)
+    return AttentionImpl.EAGER

@@ -13,7 +13,7 @@ from vramlens.errors import InputError
 from vramlens.model.quant_formats import qlora_bases
 from vramlens.model.spec import ModelSpec
 from vramlens.resolve._memo import memo
-from vramlens.resolve.attention import MATH_GLOBAL_NOTE, MATH_NOTE, hf_attention_kernel, sdpa_runs_math
+from vramlens.resolve.attention import hf_attention_kernel, on_cuda_backend
 from vramlens.resolve.frameworks import PLAIN_NOTE, FrameworkProfile, MixedStyle, profile_for
 from vramlens.resolve.kbit import kbit_notes, prepared_compute_bytes
 from vramlens.resolve.kernels import check_kernels, liger_loss
@@ -123,12 +123,12 @@ def _attention(
         return AttentionImpl.EAGER
     if transformers_loop:
         resolved, note = hf_attention_kernel(workload.attention, resolved, spec)
-        if sdpa_runs_math(spec, resolved, compute_bytes=compute_bytes, versions=workload.versions):
-            if workload.compile or any(layer.window or layer.chunk for layer in spec.layers):  # said, not counted
-                notes.append(MATH_GLOBAL_NOTE)
-            else:
-                notes.append(MATH_NOTE)
-                return AttentionImpl.EAGER
+        versions, compiled = workload.versions, workload.compile
+        kernel = on_cuda_backend(
+            spec, resolved, notes, compute_bytes=compute_bytes, versions=versions, compiled=compiled
+        )
+        if kernel is not resolved:  # SDPA's math backend (its note said so)
+            return kernel
     if note:
         notes.append(note)
     elif workload.attention is AttentionImpl.AUTO:

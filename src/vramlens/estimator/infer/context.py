@@ -14,7 +14,7 @@ from vramlens.estimator.infer.engines import vllm_batched_tokens
 from vramlens.estimator.weight_format import WeightFormat, format_for_checkpoint, format_for_quant
 from vramlens.hardware import GpuSpec
 from vramlens.model.spec import ModelSpec
-from vramlens.resolve.attention import hf_attention_kernel
+from vramlens.resolve.attention import hf_attention_kernel, on_cuda_backend
 from vramlens.resolve.context import check_head_split
 from vramlens.workload.options import AttentionImpl, Engine, Framework, KvDtype, Precision, Quant
 from vramlens.workload.spec import Workload
@@ -117,7 +117,7 @@ def _check(spec: ModelSpec, workload: Workload, engine: Engine) -> None:
         )
 
 
-def _attention(spec: ModelSpec, workload: Workload, engine: Engine, notes: list[str]) -> AttentionImpl:
+def _attention(spec: ModelSpec, workload: Workload, engine: Engine, notes: list[str], compute: int) -> AttentionImpl:
     if engine is Engine.VLLM:
         if workload.attention not in (AttentionImpl.AUTO, AttentionImpl.FLASH):
             notes.append(f"attention {workload.attention}: vLLM uses its own flash/paged kernels (no score matrix)")
@@ -129,9 +129,11 @@ def _attention(spec: ModelSpec, workload: Workload, engine: Engine, notes: list[
             return AttentionImpl.EAGER
         resolved = AttentionImpl.SDPA
     kernel, note = hf_attention_kernel(workload.attention, resolved, spec)
+    said = len(notes)
+    kernel = on_cuda_backend(spec, kernel, notes, compute_bytes=compute, versions=workload.versions)
     if note:
         notes.append(note)
-    elif workload.attention is AttentionImpl.AUTO:
+    elif workload.attention is AttentionImpl.AUTO and len(notes) == said:
         notes.append("attention auto: sdpa (transformers default; fused kernels, no score matrix)")
     return kernel
 
@@ -164,7 +166,7 @@ def resolve_inference(spec: ModelSpec, workload: Workload, gpu: GpuSpec | None) 
         weights=_weights(spec, workload, notes),
         compute_bytes=compute,
         kv_bytes=_kv_bytes(workload, engine, compute, notes),
-        attention=_attention(spec, workload, engine, notes),
+        attention=_attention(spec, workload, engine, notes, compute),
         prompt=prompt,
         context=workload.total_context,
         step_tokens=step,
