@@ -20,7 +20,8 @@ costs only that run) under ``--run-timeout`` seconds, with the run's ``alloc_con
 Simulations of the same runs go on in parallel on the CPU (``CUDA_VISIBLE_DEVICES=""``) with the
 same deadline. Whatever finished is written: one ``<id>.json`` per run (:data:`SCHEMA`), a
 ``<id>.snapshot.pickle`` (``torch.cuda.memory._snapshot()``, the last 4,000 events, no stacks),
-and ``battery.json`` (environment, budget, and what did not run and why).
+and ``battery.json`` (environment, budget, what did not run and why, and ``bare_context``: a bare
+process's device level at four points, :func:`gpu_truth_child.measure_context`).
 
 Measured per run, over the training steps (or the generate call) after the model is loaded:
 ``torch.cuda.max_memory_allocated``/``max_memory_reserved``; after the run, nvidia-smi's
@@ -174,6 +175,10 @@ def battery(out: Path, budget: float, run_timeout: float, sim_workers: int) -> N
     start = time.monotonic()
     sims = _start_simulations(out, sim_workers)
     summary: dict[str, Any] = {"schema": SCHEMA, "budget_s": budget, "environment": environment(), "runs": {}}
+    summary["bare_context"] = {"status": _child(["--context", "--out", str(out)], dict(os.environ), 60)[0]}
+    if (out / "context.json").exists():  # the CUDA context's parts (estimator/runtime.py's table)
+        summary["bare_context"].update(json.loads((out / "context.json").read_text()))
+        (out / "context.json").unlink()
     for entry in BATTERY:
         left = budget - (time.monotonic() - start)
         if left < 15:
@@ -233,12 +238,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sim-workers", type=int, default=6)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--simulate", help=argparse.SUPPRESS)
+    parser.add_argument("--context", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    if args.child or args.simulate:
-        from gpu_truth_child import measure_run, simulate_runs
+    if args.child or args.simulate or args.context:
+        from gpu_truth_child import measure_context, measure_run, simulate_runs
 
-        if args.child:
+        if args.context:
+            measure_context(args.out)
+        elif args.child:
             measure_run(json.loads(args.child), args.out)
         else:
             simulate_runs(json.loads(args.simulate), args.out)

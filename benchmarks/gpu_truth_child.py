@@ -160,6 +160,36 @@ def measure_run(entry: dict[str, Any], out: Path) -> None:
     (out / f"{entry['id']}.measured.json").write_text(json.dumps(measured))
 
 
+def measure_context(out: Path) -> None:
+    """The device level outside PyTorch's allocator in a bare process, at four points (``total -
+    free`` of ``cudaMemGetInfo``, nvidia-smi's figure, reserved): after the context is made, after
+    the first allocation, after a 4096^3 bf16 matmul (cuBLAS loads its kernels and takes its
+    workspace) and after an SDPA forward and backward; written to ``context.json``."""
+    import torch
+
+    total = torch.cuda.mem_get_info()[1]
+    points: dict[str, dict[str, Any]] = {}
+
+    def point(name: str) -> None:
+        torch.cuda.synchronize()
+        points[name] = {
+            "device_used_bytes": total - torch.cuda.mem_get_info()[0],
+            "nvidia_smi_bytes": _nvidia_smi_bytes(__import__("os").getpid()),
+            "reserved_bytes": torch.cuda.memory_reserved(),
+        }
+
+    point("after_init")
+    torch.zeros(1, device="cuda")
+    point("after_first_allocation")
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    (a @ a).sum().item()
+    point("after_bf16_matmul_4096")
+    qkv = [torch.randn(2, 8, 512, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3)]
+    torch.nn.functional.scaled_dot_product_attention(*qkv, is_causal=True).sum().backward()
+    point("after_sdpa_forward_backward")
+    (out / "context.json").write_text(json.dumps(points))
+
+
 def simulate_runs(entries: list[dict[str, Any]], out: Path) -> None:
     """Simulate each entry (fake tensors, CPU) and write ``<id>.simulation.json``; failures are skipped."""
     from vramlens.errors import VramlensError

@@ -61,3 +61,27 @@ def test_the_child_module_imports_without_a_gpu() -> None:
     found = gpu_truth_child.environment()
     assert set(found["versions"]) >= {"torch", "transformers", "peft", "bitsandbytes"}
     assert callable(gpu_truth_child.measure_run) and callable(gpu_truth_child.simulate_runs)
+
+
+def test_a_battery_without_a_gpu_writes_what_did_not_run_and_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The orchestration on CPU: every child (the bare context first, then each run) fails as it would
+    without a GPU; battery.json says so per run and the records are written with their estimates."""
+    calls: list[list[str]] = []
+
+    def child(args: list[str], env: dict[str, str], timeout: float) -> tuple[str, str | None]:
+        calls.append(args)
+        return "failed", "no CUDA device"
+
+    monkeypatch.setattr(gpu_truth, "_child", child)
+    monkeypatch.setattr(gpu_truth, "BATTERY", gpu_truth.BATTERY[:2])
+    gpu_truth.battery(tmp_path, budget=60, run_timeout=5, sim_workers=0)
+    summary = json.loads((tmp_path / "battery.json").read_text())
+    assert calls[0][0] == "--context" and summary["bare_context"] == {"status": "failed"}
+    assert {run: outcome["status"] for run, outcome in summary["runs"].items()} == dict.fromkeys(
+        (entry["id"] for entry in gpu_truth.BATTERY), "failed"
+    )
+    for entry in gpu_truth.BATTERY:
+        record = json.loads((tmp_path / f"{entry['id']}.json").read_text())
+        assert record["status"] == "failed" and gpu_truth.check_record(record) == []
