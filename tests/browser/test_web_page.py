@@ -109,17 +109,9 @@ def _settle(page: Any, expected: dict[str, Any] | None = None) -> dict[str, Any]
         time.sleep(0.05)
 
 
-def _as_the_page(workload: dict[str, Any]) -> dict[str, Any]:
-    """The workload the page's answer was computed for: training with the closed-form reserved level
-    unless the body names ``reserved_replay`` (``web/api.py``)."""
-    if workload.get("mode", "train") == "train":
-        return {"reserved_replay": False, **workload}
-    return workload
-
-
 def _cli_table(workload: dict[str, Any], tmp_path: Path, capsys: Any) -> list[str]:
     path = tmp_path / "page-workload.json"
-    path.write_text(json.dumps(_as_the_page(workload)))
+    path.write_text(json.dumps(workload))
     capsys.readouterr()
     assert main(["estimate", "-c", str(path)]) == 0
     return capsys.readouterr().out.splitlines()
@@ -196,7 +188,7 @@ def test_download_gives_the_cli_html_report(watched: Watched, base_url: str, tmp
         page.click("#download")
     saved = tmp_path / "page.html"
     info.value.save_as(saved)
-    (tmp_path / "run.json").write_text(json.dumps(_as_the_page(sent)))
+    (tmp_path / "run.json").write_text(json.dumps(sent))
     assert main(["estimate", "-c", str(tmp_path / "run.json"), "--html", str(tmp_path / "cli.html")]) == 0
     assert saved.read_bytes() == (tmp_path / "cli.html").read_bytes()
     assert watched.outside == [] and watched.errors == []

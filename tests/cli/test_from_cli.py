@@ -101,7 +101,6 @@ def test_web_upload_reads_like_from(client: Any) -> None:
     assert data["assumptions"] == list(source.assumptions())
     assert data["keys"]["model"] == "llama-3.1-8b"
     estimated = client.post("/api/estimate", json=data["keys"]).json()
-    # the page's training answers use the closed-form reserved level (web/api.py)
-    assert estimated["report"]["peak"]["device_bytes"] == estimate({**source.keys, "reserved_replay": False}).device_bytes
+    assert estimated["report"]["peak"]["device_bytes"] == estimate(dict(source.keys)).device_bytes
     bad = client.post("/api/from?name=x.yaml", content=b"foo: 1\n")
     assert bad.status_code == 400 and bad.json()["error"].startswith("x.yaml: not a run config vramlens knows")

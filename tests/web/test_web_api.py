@@ -16,20 +16,7 @@ from vramlens.model.catalog import catalog_entries, find_entry
 from vramlens.units import format_bytes
 
 WORKLOAD: dict[str, Any] = {"model": "llama-3.1-8b", "gpu": "h100-80gb", "batch": 2, "seq": 1024, "recompute": "full"}
-#: The page's training answers use the closed-form reserved level (``reserved_replay`` left out of the
-#: body): what the CLI prints with ``--no-reserved-replay``.
-FLAGS = [
-    "llama-3.1-8b",
-    "--gpu",
-    "h100-80gb",
-    "--batch",
-    "2",
-    "--seq",
-    "1024",
-    "--recompute",
-    "full",
-    "--no-reserved-replay",
-]
+FLAGS = ["llama-3.1-8b", "--gpu", "h100-80gb", "--batch", "2", "--seq", "1024", "--recompute", "full"]
 SERVING: dict[str, Any] = {"model": "qwen2.5-7b", "mode": "infer", "engine": "vllm", "gpu": "a100-80gb", "batch": 8}
 SERVING_FLAGS = ["qwen2.5-7b", "--mode", "infer", "--engine", "vllm", "--gpu", "a100-80gb", "--batch", "8"]
 

@@ -123,9 +123,6 @@ def _library(body: dict[str, Any]) -> tuple[int, Any]:
     first = next(_not_finite(body), None)
     if first is not None:
         return 400, NOT_JSON.format(json.dumps(first))
-    if body.get("mode", "train") == "train":  # the page's default: the closed-form reserved level
-        body = {**body}
-        body.setdefault("reserved_replay", False)
     try:
         return 200, estimate(body).to_dict()
     except InputError as error:

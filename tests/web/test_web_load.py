@@ -88,10 +88,13 @@ async def _burst(port: int, bodies: list[bytes], target: str = PAGE_REQUEST) -> 
 
 
 def _bodies(burst: int) -> list[bytes]:
-    """200 workloads never asked before: five models x 40 batch sizes, a sequence per burst."""
+    """200 workloads never asked before: five models x 40 batch sizes, a sequence per burst; as the
+    page sends them (``static/app.js``: training with the closed-form reserved level)."""
     seq = 1024 + 64 * burst
     return [
-        json.dumps({"model": MODELS[i % 5], "gpu": "h100-80gb", "batch": 1 + i // 5, "seq": seq}).encode()
+        json.dumps(
+            {"model": MODELS[i % 5], "gpu": "h100-80gb", "batch": 1 + i // 5, "seq": seq, "reserved_replay": False}
+        ).encode()
         for i in range(CONCURRENT)
     ]
 
@@ -107,7 +110,7 @@ def test_200_concurrent_estimates_are_all_answered_correctly(server: int) -> Non
     results = asyncio.run(_burst(server, bodies))
     assert [status for status, _, _ in results] == [200] * CONCURRENT
     for body, (_, _, answer) in zip(bodies, results, strict=True):
-        report = estimate({**json.loads(body), "reserved_replay": False})  # the page's closed-form reserved level
+        report = estimate(json.loads(body))
         expected = {"allocated": report.allocated_bytes, "reserved": report.reserved_bytes}
         assert _levels(answer) == expected | {"device": report.device_bytes}, body
 

@@ -53,7 +53,7 @@ def test_uploaded_config_estimates_as_the_cli_estimates_the_file(client: Any, cl
     folder = tmp_path / "my-model"
     folder.mkdir()
     (folder / "config.json").write_bytes(raw)
-    status, out, _ = cli("estimate", folder / "config.json", "--gpu", "rtx-4090", "--batch", "2", "--seq", "512", "--no-reserved-replay", "--format", "json")  # fmt: skip
+    status, out, _ = cli("estimate", folder / "config.json", "--gpu", "rtx-4090", "--batch", "2", "--seq", "512", "--format", "json")  # fmt: skip
     expected = json.loads(out)
     assert status == 0
     for key in ("peak", "breakdown", "phases", "fits", "headroom_bytes", "assumptions"):

@@ -41,7 +41,13 @@ from vramlens.web.schema import PLAN_SCHEMA, WORKLOAD_SCHEMA, openapi_body
 from vramlens.web.uploads import UploadStore, parse_upload, read_run_config_upload, release_memory
 from vramlens.workload.spec import Workload
 
-__all__ = ["CONCURRENT_PLANS", "MAX_PLAN_GPUS", "RAW_PATHS", "RAW_ROUTES", "router"]
+__all__ = [
+    "CONCURRENT_PLANS",
+    "MAX_PLAN_GPUS",
+    "RAW_PATHS",
+    "RAW_ROUTES",
+    "router",
+]
 
 router = APIRouter(prefix="/api")
 _NAME_RE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -73,17 +79,13 @@ async def _json_object(request: Request) -> dict[str, Any]:
     return data
 
 
-def _with_model(workload: dict[str, Any], *, page: bool = False) -> dict[str, Any]:
+def _with_model(workload: dict[str, Any]) -> dict[str, Any]:
     """``workload``, refused without a ``model`` key in the API's words (the CLI's message names its
-    MODEL argument and ``-c``, which the API does not have). ``page``: the page's estimate or report,
-    whose training figures take the closed-form reserved level unless the body names ``reserved_replay``
-    (asked on every change, on the event loop: ~0.3 ms where the replay takes 3-20 ms)."""
+    MODEL argument and ``-c``, which the API does not have)."""
     if "model" not in workload:
         raise InputError(
             "model: required; give a catalog name (GET /api/models) or an uploaded config's upload:... (POST /api/config)"
         )
-    if page and workload.get("mode", "train") == "train":
-        workload.setdefault("reserved_replay", False)
     return workload
 
 
@@ -146,8 +148,7 @@ RAW_PATHS: Final = {
             "summary": "Estimate a workload",
             "operationId": "estimate",
             "description": "`{report, view}`: `view` holds every figure the page shows as `{bytes, text}`, "
-            "`text` being what the CLI prints; `report` is `vramlens estimate --format json`. The reserved "
-            "level is the closed form unless the body sets `reserved_replay: true` (the CLI's default).",
+            "`text` being what the CLI prints; `report` is `vramlens estimate --format json`.",
             "parameters": [_REPORT_PARAMETER],
             **openapi_body(WORKLOAD_SCHEMA, answer="the estimate"),
         }
@@ -169,7 +170,7 @@ async def estimate_endpoint(request: Request) -> Response:
 
     report = _flag(request, "report")
     cache: ResponseCache = request.app.state.estimates
-    workload = load_workload(_with_model(await _json_object(request), page=True))
+    workload = load_workload(_with_model(await _json_object(request)))
     key = cache_key(report, workload)
     answer = cache.get(key)
     if answer is None:  # ~0.3-0.5 ms of work: computed on the event loop, no thread hop
@@ -201,7 +202,7 @@ async def report_html(request: Request) -> Response:
     from vramlens.report.html import render_html
     from vramlens.workload.load import load_workload
 
-    workload = load_workload(_with_model(await _json_object(request), page=True))
+    workload = load_workload(_with_model(await _json_object(request)))
     try:
         report = _report(workload, _store(request))
     except CodeNotRead:

@@ -63,6 +63,9 @@
     }
     const size = $("gpu-size").value.trim();  // a size as the CLI's --gpu takes it replaces the choice
     if (size) data.gpu = size;
+    // Asked on every change: training's reserved level from the closed form (~0.3 ms; the whole-step
+    // replay, the CLI's default, takes 3-20 ms), said in the body so that "workload sent" reproduces it.
+    if (data.mode !== "infer" && !("reserved_replay" in data)) data.reserved_replay = false;
     return data;
   }
 
