@@ -50,7 +50,8 @@ NOISE_FRACTION: Final = 0.08
 #: after the in-backward optimizer step, context parallel's ring attention and prompt tuning's
 #: virtual tokens (issue 20) lifted three reserved points that had been more than 10% under:
 #: {False: 2.0, True: 2.0} -> {False: 1.0, True: 1.5}, every level still covering 95%. Rerun after one GPU's
-#: reserved gained the opt-in whole-step replay (reserved_replay): unchanged.
+#: reserved gained the opt-in whole-step replay (reserved_replay): unchanged; and after the replay became
+#: one GPU's default (the H200 battery, 2026-11-27): unchanged.
 ALLOCATOR_SPREAD_SCALE: Final = {False: 1.0, True: 1.5}
 #: Largest cited value above the one used, per runtime part (bytes; estimate/runtime.py sources):
 #: the context none (the 758 MiB measured on an H200 after a training step is above every cited
