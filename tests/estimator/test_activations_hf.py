@@ -150,28 +150,9 @@ def _tolerance(family: str, precision: str, layer: int = 1) -> float:
     return 0.015 if (layer_norm and precision == "bf16") else 0.0
 
 
-def _global_layer_on_math(
-    request: pytest.FixtureRequest, config: dict, precision: str, attention: str, layer: int
-) -> None:
-    """Strict xfail for a global layer of a model with sliding or chunked layers in fp32 under SDPA
-    with grouped KV heads: CUDA runs it on the math backend (the tracked run emulates that,
-    ``simulator.build.cuda_sdpa_backend``), which the estimator does not count per layer yet (it
-    says so: ``resolve.attention.MATH_GLOBAL_NOTE``)."""
-    spec = model_from_config(config)
-    kind = spec.layers[layer].kind_at(_SEQ)
-    grouped = spec.attn.mla is None and 0 < spec.num_kv_heads < spec.num_heads
-    windows = any(other.window or other.chunk for other in spec.layers)
-    if precision == "fp32" and attention == "sdpa" and grouped and windows and kind.attends and not kind.sliding:
-        request.applymarker(pytest.mark.xfail(strict=True, reason="per-layer SDPA math backend not modelled"))
-
-
 @pytest.mark.parametrize(("family", "precision", "attention", "layer"), _cases())
-def test_layer_recipe_matches_autograd(
-    request: pytest.FixtureRequest, family: str, precision: str, attention: str, layer: int
-) -> None:
+def test_layer_recipe_matches_autograd(family: str, precision: str, attention: str, layer: int) -> None:
     from hf_saved import layer_saved_bytes_per_token
-
-    _global_layer_on_math(request, _CONFIGS[family], precision, attention, layer)
 
     dtype = {"bf16": "bfloat16", "fp32": "float32"}[precision]
     config = _CONFIGS[family]
@@ -184,16 +165,12 @@ def test_layer_recipe_matches_autograd(
 @pytest.mark.parametrize("family", ["llama4_text", "llama4"])
 @pytest.mark.parametrize("layer", [0, 1, 2, 3])
 @pytest.mark.parametrize(("precision", "attention"), [("bf16", "sdpa"), ("bf16", "eager"), ("fp32", "sdpa")])
-def test_llama4_layer_kinds_match_autograd(
-    request: pytest.FixtureRequest, family: str, layer: int, precision: str, attention: str
-) -> None:
+def test_llama4_layer_kinds_match_autograd(family: str, layer: int, precision: str, attention: str) -> None:
     """Every Llama 4 layer kind, exactly: dense and MoE (all experts on every token, sigmoid
     router, shared expert), rotary layers with chunked attention (masked: the chunk of 16 is
     shorter than the 64 tokens) and the q/k L2 norm, the NoPE layer with full attention and
     temperature-tuned queries; the multimodal wrapper runs the same text layers."""
     from hf_saved import layer_saved_bytes_per_token
-
-    _global_layer_on_math(request, _CONFIGS[family], precision, attention, layer)
 
     dtype = {"bf16": "bfloat16", "fp32": "float32"}[precision]
     config = _CONFIGS[family]

@@ -121,3 +121,17 @@ def test_fp32_prefill_with_grouped_kv_heads_runs_the_math_backend() -> None:
     assert any(note.startswith("attention sdpa: fp32 queries") for note in math.assumptions)
     assert math.allocated_bytes == estimate({**prefill, "attention": "eager"}).allocated_bytes
     assert estimate({**prefill, "precision": "bf16"}).allocated_bytes < 0.5 * math.allocated_bytes
+
+
+def test_a_model_with_sliding_layers_runs_the_math_backend_in_its_global_layers_only() -> None:
+    """Gemma 3: five sliding layers of six get a mask (repeated keys, a fused kernel), the global ones
+    none (math backend, probabilities kept): those count as eager attention, layer by layer
+    (test_activations_hf.py checks each layer kind against autograd under CUDA's backend choice)."""
+    gemma = {"model": "gemma-3-1b-it", "precision": "fp32", "batch": 1, "seq": 2048}
+    math = estimate(gemma)
+    assert any(note.startswith("attention sdpa: fp32 queries") for note in math.assumptions)
+    fused = estimate({**gemma, "versions": {"torch": "2.4"}})
+    eager = estimate({**gemma, "attention": "eager"})
+    assert fused.allocated_bytes < math.allocated_bytes < eager.allocated_bytes
+    compiled = estimate({**gemma, "compile": True})
+    assert any("under compile" in note for note in compiled.assumptions)

@@ -187,19 +187,6 @@ _FAMILY_CASES = {
     "glm4_moe": ["bf16 s2048", "mixed+recompute s512", "lora-attention bf16 s4096"],
 }
 _FAMILY_FAST = {("gpt_oss", "bf16 s2048")}
-#: Cases the estimate does not model yet, with the reason (strict xfails).
-_FAMILY_KNOWN = {
-    # fp32 with grouped KV heads: CUDA (and so the simulator) runs the global layers' SDPA on the math
-    # backend, s x s probabilities kept; the estimate counts them only for models without sliding layers
-    # (resolve.attention.MATH_GLOBAL_NOTE says so).
-    ("cohere2", "fp32 foreach s1024"): "per-layer SDPA math backend (global layers) not modelled",
-}
-
-
-def _family_marks(family: str, variant: str) -> tuple[pytest.MarkDecorator, ...]:
-    marks = _marks(fast=(family, variant) in _FAMILY_FAST)
-    reason = _FAMILY_KNOWN.get((family, variant))
-    return marks if reason is None else (*marks, pytest.mark.xfail(strict=True, reason=reason))
 
 
 def _prefill_marks(family: str, variant: str) -> tuple[pytest.MarkDecorator, ...]:
@@ -221,7 +208,7 @@ def _wider(key: str) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("family", "variant"),
     [
-        pytest.param(family, variant, marks=_family_marks(family, variant), id=f"{family}-{variant}")
+        pytest.param(family, variant, marks=_marks(fast=(family, variant) in _FAMILY_FAST), id=f"{family}-{variant}")
         for family, variants in _FAMILY_CASES.items()
         for variant in variants
     ],

@@ -125,7 +125,7 @@ def _attention_core(recipe: LayerRecipe, widths: _Widths, *, sliding: bool) -> l
     heads = spec.num_heads
     out = widths.q if spec.attn.mla is None else widths.v
     masked = (sliding or recipe.style.sdpa_mask) and recipe.attention is not AttentionImpl.FLASH
-    if recipe.attention is not AttentionImpl.EAGER:
+    if not recipe.eager_like(sliding=sliding):
         expanded = masked or recipe.style.kv_repeat
         repeat = heads // spec.num_kv_heads if (expanded and spec.attn.mla is None) else 1
         parts = [
@@ -213,7 +213,7 @@ def _attention_parts(recipe: LayerRecipe, input_bytes: int, *, sliding: bool, ro
         parts.append(Part(name="q, k, v copies kept by the in-place clip_qkv", bytes_per_token=clip))
     parts += _attention_core(recipe, widths, sliding=sliding)
     out_width = widths.q if spec.attn.mla is None else widths.v
-    copy = recipe.attention is AttentionImpl.EAGER or recipe.style.out_proj_copy
+    copy = recipe.eager_like(sliding=sliding) or recipe.style.out_proj_copy
     needs_out = any(s.group == "attn_out" and s.name in recipe.train.needs_input for s in recipe.linears)
     if spec.attn.output_gate:
         parts += _output_gate_parts(recipe, out_width, copy=copy, needs_out=needs_out)

@@ -243,8 +243,8 @@ class _Layer:
             w.new(values * repeat, "repeated values")
             held = [k_embed, v]
         w.count_kept(part, (keys + values) * repeat)  # else the rotated keys and the values themselves
-        if self.ctx.attention is AttentionImpl.EAGER:
-            held.insert(0, self._eager(query))
+        if self.ctx.attention is AttentionImpl.EAGER or (self.ctx.math_unmasked and not self.kind.sliding):
+            held.insert(0, self._eager(query))  # eager attention, or SDPA's math backend (the same tensors)
         else:
             if w.has("attention mask as a bias"):
                 w.kept("attention mask as a bias")

@@ -73,6 +73,7 @@ def _recipe(ctx: TrainingContext, state: TrainState, notes: list[str]) -> LayerR
         autocast=ctx.autocast and (ctx.method is Method.FULL or kbit_prepared(ctx.workload, ctx.profile)),
         autocast_adapters=ctx.autocast,
         attention=ctx.attention,
+        math_unmasked=ctx.math_unmasked,
         seq=seq_per_rank(ctx.workload),
         linears=all_layer_linears(ctx.spec),
         train=state,
@@ -167,6 +168,7 @@ class ActivationInputs:
     autocast: bool
     method: Method
     attention: AttentionImpl
+    math_unmasked: bool
     seq: int
     cp: int
     tp: int
@@ -183,7 +185,8 @@ class ActivationInputs:
         workload = ctx.workload
         return cls(
             state=state, layer_range=layer_range, compute_bytes=ctx.compute_bytes, autocast=ctx.autocast,
-            method=ctx.method, attention=ctx.attention, seq=workload.seq, cp=workload.parallel.cp,
+            method=ctx.method, attention=ctx.attention, math_unmasked=ctx.math_unmasked, seq=workload.seq,
+            cp=workload.parallel.cp,
             tp=workload.parallel.tp, compile=workload.compile, kernels=workload.kernels,
             moe_capacity_factor=workload.moe_capacity_factor,
             recompute=workload.recompute, recompute_every=workload.recompute_every, framework=ctx.profile.name,
@@ -338,14 +341,15 @@ def eager_attention_working(ctx: TrainingContext, state: TrainState, layer_range
     less what that layer's feed-forward half and the layers after it keep (not yet alive when its
     attention runs forward, already freed when its attention runs backward; a hybrid's last layers may
     be Mamba or linear attention). See :mod:`vramlens.estimator.eager_attention`."""
-    if ctx.attention is not AttentionImpl.EAGER:
-        return 0.0, 0.0, 0.0
-    attending = [index for index in layer_range if ctx.spec.layers[index].attends]
-    if not attending:
+    if ctx.attention is not AttentionImpl.EAGER and not ctx.math_unmasked:
         return 0.0, 0.0, 0.0
     workload = ctx.workload
-    tp = workload.parallel.tp
     recipe = _recipe(ctx, state, [])
+    kinds = {index: layer_kind(ctx.spec.layers[index], workload.seq) for index in layer_range}
+    attending = [index for index, kind in kinds.items() if kind.attends and recipe.eager_like(sliding=kind.sliding)]
+    if not attending:
+        return 0.0, 0.0, 0.0
+    tp = workload.parallel.tp
     last = attending[-1]
     after = _per_token(ffn_saved_parts(recipe, layer_kind(ctx.spec.layers[last], workload.seq)), tp, tp > 1)
     if workload.recompute is Recompute.NONE:  # under recompute later layers keep only their checkpoints

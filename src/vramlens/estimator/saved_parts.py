@@ -91,6 +91,9 @@ class LayerRecipe:
     """An autocast region is active around bf16 weights (LoRA with mixed precision): adapters
     run their matmuls in bf16 and keep bf16 casts of their inputs."""
     attention: AttentionImpl
+    math_unmasked: bool = False
+    """The layers no mask reaches run SDPA's math backend: they keep what eager attention keeps
+    (:attr:`vramlens.resolve.context.TrainingContext.math_unmasked`; :meth:`eager_like`)."""
     seq: int
     """Keys each query attends to in eager attention (the sequence length)."""
     linears: tuple[LinearShape, ...]
@@ -111,6 +114,11 @@ class LayerRecipe:
     """Bytes per element of a frozen base linear's output when it is not ``compute_bytes``:
     bitsandbytes' 4-bit linears return their input's dtype, fp32 on a k-bit-prepared QLoRA
     model (:mod:`vramlens.estimator.qlora`). 0: ``compute_bytes``."""
+
+    def eager_like(self, *, sliding: bool) -> bool:
+        """A layer's attention keeps what eager attention keeps: eager attention, or SDPA's math
+        backend in a layer no mask reaches (``sliding``: the layer's attention is masked)."""
+        return self.attention is AttentionImpl.EAGER or (self.math_unmasked and not sliding)
 
 
 def norm_saved(recipe: LayerRecipe, width: int, *, input_bytes: int, name: str) -> list[Part]:

@@ -126,7 +126,7 @@ def tensor_widths(ctx: TrainingContext, dtypes: tuple[int, ...] = ()) -> tuple[i
     found = {spec.hidden_size, spec.num_heads * spec.head_dim // tp, spec.num_kv_heads * spec.head_dim // tp}
     if spec.mlp is not None:
         found.add(spec.mlp.intermediate_size // tp)
-    if ctx.attention is AttentionImpl.EAGER and spec.num_heads:  # eager attention's scores: heads x s x s
+    if (ctx.attention is AttentionImpl.EAGER or ctx.math_unmasked) and spec.num_heads:  # scores: heads x s x s
         found.add(spec.num_heads // tp * ctx.workload.seq)
     sizes = {w * b * ctx.tokens for w in found if w for b in dtypes or {ctx.compute_bytes, 4}}
     return tuple(sorted(sizes, reverse=True))

@@ -33,7 +33,7 @@ def training_cache_parts(recipe: LayerRecipe, kind: LayerKind) -> list[Part]:
     if not (recipe.training_cache and kind.attends) or spec.attn.mla is not None:
         return []
     masked = (kind.sliding or recipe.style.sdpa_mask) and recipe.attention is not AttentionImpl.FLASH
-    repeats = (recipe.attention is AttentionImpl.EAGER or masked) and spec.num_heads != spec.num_kv_heads
+    repeats = (recipe.eager_like(sliding=kind.sliding) or masked) and spec.num_heads != spec.num_kv_heads
     cache_bytes = FP32 if recipe.autocast else a
     if not repeats and cache_bytes == a:
         return []

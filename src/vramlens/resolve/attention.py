@@ -28,7 +28,8 @@ values with ``enable_gqa=True`` whenever there is no mask and the head dimension
 So fp32 queries (``precision: fp32``, or a QLoRA base after ``prepare_model_for_kbit_training``
 without autocast) on a model with fewer KV heads than query heads run the **math** backend, which
 repeats the keys and values to every head and keeps the ``heads x s x s`` probabilities for
-backward, as eager attention does (:func:`sdpa_runs_math`). Measured: QLoRA on Llama-3.2-1B and
+backward, as eager attention does (:func:`sdpa_runs_math`); on a model with sliding or chunked
+layers only the layers no mask reaches do (:func:`math_in_unmasked_layers`). Measured: QLoRA on Llama-3.2-1B and
 Qwen2.5-3B without autocast on an H200 (``validation/measured/2026-11-27-h200``) allocated 1.8x and
 1.5x what a fused kernel would.
 """
@@ -41,15 +42,28 @@ from vramlens.resolve.styles import HfStyle, hf_style
 from vramlens.workload.options import AttentionImpl
 from vramlens.workload.versions import older_than
 
-__all__ = ["MATH_GLOBAL_NOTE", "MATH_NOTE", "hf_attention_kernel", "on_cuda_backend", "sdpa_runs_math", "supports_sdpa"]
+__all__ = [
+    "MATH_COMPILED_NOTE",
+    "MATH_GLOBAL_NOTE",
+    "MATH_NOTE",
+    "hf_attention_kernel",
+    "math_in_unmasked_layers",
+    "on_cuda_backend",
+    "sdpa_runs_math",
+    "supports_sdpa",
+]
 
-#: The report's line where the math backend runs but the estimate does not count it: only a model's
-#: global layers run it (its sliding or chunked layers get a mask, so repeated keys and a fused kernel),
-#: or under torch.compile (what Inductor keeps of the decomposed math is not read yet).
+#: The report's line where only a model's global layers run the math backend (its sliding or chunked
+#: layers get a mask, so repeated keys and a fused kernel): those layers count as eager attention.
 MATH_GLOBAL_NOTE = (
     "attention sdpa: fp32 queries with grouped KV heads: on CUDA the layers no mask reaches run SDPA's math "
-    "backend and keep heads x s x s probabilities, not counted here (sliding or chunked layers, or compile: "
-    "low; use autocast or bf16)"
+    "backend and keep heads x s x s probabilities (counted as eager attention there); the sliding or chunked "
+    "layers run a fused kernel"
+)
+#: The report's line under torch.compile, where what Inductor keeps of the decomposed math is not read yet.
+MATH_COMPILED_NOTE = (
+    "attention sdpa: fp32 queries with grouped KV heads run SDPA's math backend on CUDA; under compile what "
+    "Inductor keeps of it is not modelled (counted as a fused kernel: low; use autocast or bf16)"
 )
 #: Largest head dimension for which transformers hands SDPA grouped keys and values
 #: (``use_gqa_in_sdpa`` in ``transformers/integrations/sdpa_attention.py``, 5.x).
@@ -129,8 +143,24 @@ def on_cuda_backend(
     the layers no mask reaches run it (sliding or chunked layers beside them) or under compile."""
     if not sdpa_runs_math(spec, kernel, compute_bytes=compute_bytes, versions=versions):
         return kernel
-    if compiled or any(layer.window or layer.chunk for layer in spec.layers):
-        notes.append(MATH_GLOBAL_NOTE)
+    if compiled or _masked_layers(spec):
+        notes.append(MATH_COMPILED_NOTE if compiled else MATH_GLOBAL_NOTE)
         return kernel
     notes.append(MATH_NOTE)
     return AttentionImpl.EAGER
+
+
+def math_in_unmasked_layers(
+    spec: ModelSpec, kernel: AttentionImpl, *, compute_bytes: int, versions: tuple[tuple[str, str], ...], compiled: bool
+) -> bool:
+    """Whether the attention layers no mask reaches run the math backend while the model's sliding or
+    chunked layers run a fused kernel (``kernel`` as :func:`on_cuda_backend` left it: SDPA): those
+    layers then keep what eager attention keeps (:data:`MATH_GLOBAL_NOTE`). Not under compile."""
+    if compiled or not _masked_layers(spec):
+        return False
+    return sdpa_runs_math(spec, kernel, compute_bytes=compute_bytes, versions=versions)
+
+
+def _masked_layers(spec: ModelSpec) -> bool:
+    """The model has sliding-window or chunked attention layers (masked once the sequence is longer)."""
+    return any(layer.window or layer.chunk for layer in spec.layers)

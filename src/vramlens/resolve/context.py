@@ -13,7 +13,7 @@ from vramlens.errors import InputError
 from vramlens.model.quant_formats import qlora_bases
 from vramlens.model.spec import ModelSpec
 from vramlens.resolve._memo import memo
-from vramlens.resolve.attention import hf_attention_kernel, on_cuda_backend
+from vramlens.resolve.attention import hf_attention_kernel, math_in_unmasked_layers, on_cuda_backend
 from vramlens.resolve.frameworks import PLAIN_NOTE, FrameworkProfile, MixedStyle, profile_for
 from vramlens.resolve.kbit import kbit_notes, prepared_compute_bytes
 from vramlens.resolve.kernels import check_kernels, liger_loss
@@ -59,6 +59,10 @@ class TrainingContext:
     autocast: bool
     """fp32 weights computed in bf16/fp16 by torch.autocast (weight casts are kept for backward)."""
     attention: AttentionImpl
+    math_unmasked: bool = False
+    """SDPA runs its math backend in the attention layers no mask reaches (fp32 queries, grouped KV
+    heads) while the sliding or chunked layers run a fused kernel: those layers count as eager
+    attention (:func:`vramlens.resolve.attention.math_in_unmasked_layers`)."""
     loss: LossImpl
     compiled_loss: bool
     """torch.compile fuses the cross-entropy (``compile: true``, ``loss: auto``, a framework that compiles its loss)."""
@@ -105,6 +109,10 @@ def _dtypes(precision: Precision, profile: FrameworkProfile, *, sharded_params: 
     return {"param": 2, "compute": 2, "grad": 2, "state": 4, "master": 4, "autocast": False}
 
 
+#: Frameworks that run transformers' modules (their attention is transformers' choice of kernel).
+_TRANSFORMERS_LOOPS = (Framework.HF, Framework.TRL, Framework.PLAIN)
+
+
 def _attention(
     workload: Workload, profile: FrameworkProfile, spec: ModelSpec, notes: list[str], *, compute_bytes: int
 ) -> AttentionImpl:
@@ -116,7 +124,7 @@ def _attention(
         resolved = profile.attention
     note = ""
     # transformers models: what transformers runs
-    transformers_loop = profile.name in (Framework.HF, Framework.TRL, Framework.PLAIN)
+    transformers_loop = profile.name in _TRANSFORMERS_LOOPS
     old_default = workload.attention is AttentionImpl.AUTO and older_than(workload.versions, "sdpa_default")
     if transformers_loop and old_default:
         notes.append(rule_note(workload.versions, "sdpa_default"))
@@ -295,6 +303,10 @@ def _settings(workload: Workload, spec: ModelSpec) -> dict[str, object]:
         "optimizer_impl": _optimizer_impl(workload, profile, notes),
         "compiled_loss": _compiled_loss(workload, profile, notes),
     }
+    settings["math_unmasked"] = profile.name in _TRANSFORMERS_LOOPS and math_in_unmasked_layers(
+        spec, settings["attention"], compute_bytes=int(sizes["compute"]), versions=workload.versions,  # type: ignore[arg-type]
+        compiled=workload.compile,
+    )  # fmt: skip
     settings["assumptions"] = tuple(notes)
     return settings
 
