@@ -29,12 +29,14 @@ So fp32 queries (``precision: fp32``, or a QLoRA base after ``prepare_model_for_
 without autocast) on a model with fewer KV heads than query heads run the **math** backend, which
 repeats the keys and values to every head and keeps the ``heads x s x s`` probabilities for
 backward, as eager attention does (:func:`sdpa_runs_math`); on a model with sliding or chunked
-layers only the layers no mask reaches do (:func:`math_in_unmasked_layers`). Measured: QLoRA on Llama-3.2-1B and
+layers only the layers no mask reaches do (:attr:`CudaAttention.math_unmasked`). Measured: QLoRA on Llama-3.2-1B and
 Qwen2.5-3B without autocast on an H200 (``validation/measured/2026-11-27-h200``) allocated 1.8x and
 1.5x what a fused kernel would.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from vramlens.errors import InputError
 from vramlens.model.spec import ModelSpec
@@ -43,11 +45,11 @@ from vramlens.workload.options import AttentionImpl
 from vramlens.workload.versions import older_than
 
 __all__ = [
-    "MATH_COMPILED_NOTE",
     "MATH_GLOBAL_NOTE",
     "MATH_NOTE",
+    "MATH_UNCOUNTED_NOTE",
+    "CudaAttention",
     "hf_attention_kernel",
-    "math_in_unmasked_layers",
     "on_cuda_backend",
     "sdpa_runs_math",
     "supports_sdpa",
@@ -60,10 +62,13 @@ MATH_GLOBAL_NOTE = (
     "backend and keep heads x s x s probabilities (counted as eager attention there); the sliding or chunked "
     "layers run a fused kernel"
 )
-#: The report's line under torch.compile, where what Inductor keeps of the decomposed math is not read yet.
-MATH_COMPILED_NOTE = (
-    "attention sdpa: fp32 queries with grouped KV heads run SDPA's math backend on CUDA; under compile what "
-    "Inductor keeps of it is not modelled (counted as a fused kernel: low; use autocast or bf16)"
+#: The report's line where the math backend runs but is not counted: under torch.compile (what
+#: Inductor keeps of the decomposed math is not read yet), and in generate() on a model with
+#: sliding or chunked layers (the inference engine has one kernel for every layer).
+MATH_UNCOUNTED_NOTE = (
+    "attention sdpa: fp32 queries with grouped KV heads run SDPA's math backend on CUDA in the layers no mask "
+    "reaches; not modelled under compile, or in generate with sliding or chunked layers: counted as a fused "
+    "kernel, low; use autocast or bf16"
 )
 #: Largest head dimension for which transformers hands SDPA grouped keys and values
 #: (``use_gqa_in_sdpa`` in ``transformers/integrations/sdpa_attention.py``, 5.x).
@@ -129,6 +134,15 @@ def sdpa_runs_math(
     return not (style.sdpa_mask or style.kv_repeat or older_than(versions, "sdpa_enable_gqa"))
 
 
+class CudaAttention(NamedTuple):
+    """The attention kernel CUDA runs (:func:`on_cuda_backend`)."""
+
+    kernel: AttentionImpl
+    math_unmasked: bool
+    """The layers no mask reaches run SDPA's math backend, the sliding or chunked ones ``kernel``:
+    those layers keep what eager attention keeps."""
+
+
 def on_cuda_backend(
     spec: ModelSpec,
     kernel: AttentionImpl,
@@ -137,28 +151,23 @@ def on_cuda_backend(
     compute_bytes: int,
     versions: tuple[tuple[str, str], ...],
     compiled: bool = False,
-) -> AttentionImpl:
-    """``kernel`` as CUDA runs it: eager where SDPA runs its math backend for every attention layer
-    (:func:`sdpa_runs_math`, :data:`MATH_NOTE`); unchanged with :data:`MATH_GLOBAL_NOTE` where only
-    the layers no mask reaches run it (sliding or chunked layers beside them) or under compile."""
+    per_layer: bool = False,
+) -> CudaAttention:
+    """``kernel`` as CUDA runs it, with the report's line where SDPA runs its math backend
+    (:func:`sdpa_runs_math`): eager for a model whose every attention layer runs it
+    (:data:`MATH_NOTE`); ``math_unmasked`` where only the layers no mask reaches do and the engine
+    counts kernels layer by layer (``per_layer``: training; :data:`MATH_GLOBAL_NOTE`); unchanged,
+    said but not counted, under compile or where the engine cannot (:data:`MATH_UNCOUNTED_NOTE`)."""
     if not sdpa_runs_math(spec, kernel, compute_bytes=compute_bytes, versions=versions):
-        return kernel
-    if compiled or _masked_layers(spec):
-        notes.append(MATH_COMPILED_NOTE if compiled else MATH_GLOBAL_NOTE)
-        return kernel
-    notes.append(MATH_NOTE)
-    return AttentionImpl.EAGER
-
-
-def math_in_unmasked_layers(
-    spec: ModelSpec, kernel: AttentionImpl, *, compute_bytes: int, versions: tuple[tuple[str, str], ...], compiled: bool
-) -> bool:
-    """Whether the attention layers no mask reaches run the math backend while the model's sliding or
-    chunked layers run a fused kernel (``kernel`` as :func:`on_cuda_backend` left it: SDPA): those
-    layers then keep what eager attention keeps (:data:`MATH_GLOBAL_NOTE`). Not under compile."""
-    if compiled or not _masked_layers(spec):
-        return False
-    return sdpa_runs_math(spec, kernel, compute_bytes=compute_bytes, versions=versions)
+        return CudaAttention(kernel, math_unmasked=False)
+    if not compiled and not _masked_layers(spec):
+        notes.append(MATH_NOTE)
+        return CudaAttention(AttentionImpl.EAGER, math_unmasked=False)
+    if not compiled and per_layer:
+        notes.append(MATH_GLOBAL_NOTE)
+        return CudaAttention(kernel, math_unmasked=True)
+    notes.append(MATH_UNCOUNTED_NOTE)
+    return CudaAttention(kernel, math_unmasked=False)
 
 
 def _masked_layers(spec: ModelSpec) -> bool:

@@ -13,7 +13,7 @@ from vramlens.errors import InputError
 from vramlens.model.quant_formats import qlora_bases
 from vramlens.model.spec import ModelSpec
 from vramlens.resolve._memo import memo
-from vramlens.resolve.attention import hf_attention_kernel, math_in_unmasked_layers, on_cuda_backend
+from vramlens.resolve.attention import CudaAttention, hf_attention_kernel, on_cuda_backend
 from vramlens.resolve.frameworks import PLAIN_NOTE, FrameworkProfile, MixedStyle, profile_for
 from vramlens.resolve.kbit import kbit_notes, prepared_compute_bytes
 from vramlens.resolve.kernels import check_kernels, liger_loss
@@ -62,7 +62,7 @@ class TrainingContext:
     math_unmasked: bool = False
     """SDPA runs its math backend in the attention layers no mask reaches (fp32 queries, grouped KV
     heads) while the sliding or chunked layers run a fused kernel: those layers count as eager
-    attention (:func:`vramlens.resolve.attention.math_in_unmasked_layers`)."""
+    attention (:attr:`vramlens.resolve.attention.CudaAttention.math_unmasked`)."""
     loss: LossImpl
     compiled_loss: bool
     """torch.compile fuses the cross-entropy (``compile: true``, ``loss: auto``, a framework that compiles its loss)."""
@@ -109,39 +109,36 @@ def _dtypes(precision: Precision, profile: FrameworkProfile, *, sharded_params: 
     return {"param": 2, "compute": 2, "grad": 2, "state": 4, "master": 4, "autocast": False}
 
 
-#: Frameworks that run transformers' modules (their attention is transformers' choice of kernel).
-_TRANSFORMERS_LOOPS = (Framework.HF, Framework.TRL, Framework.PLAIN)
-
-
 def _attention(
     workload: Workload, profile: FrameworkProfile, spec: ModelSpec, notes: list[str], *, compute_bytes: int
-) -> AttentionImpl:
+) -> CudaAttention:
     """The kernel: the workload's, or the framework's default for ``auto``; under HF, what
-    transformers runs for the family, and eager where SDPA runs its math backend
-    (:mod:`vramlens.resolve.attention`)."""
+    transformers runs for the family, as CUDA runs it (SDPA's math backend: eager attention in the
+    layers that run it; :mod:`vramlens.resolve.attention`)."""
     resolved = workload.attention
     if resolved is AttentionImpl.AUTO:
         resolved = profile.attention
     note = ""
     # transformers models: what transformers runs
-    transformers_loop = profile.name in _TRANSFORMERS_LOOPS
+    transformers_loop = profile.name in (Framework.HF, Framework.TRL, Framework.PLAIN)
     old_default = workload.attention is AttentionImpl.AUTO and older_than(workload.versions, "sdpa_default")
     if transformers_loop and old_default:
         notes.append(rule_note(workload.versions, "sdpa_default"))
-        return AttentionImpl.EAGER
+        return CudaAttention(AttentionImpl.EAGER, math_unmasked=False)
     if transformers_loop:
         resolved, note = hf_attention_kernel(workload.attention, resolved, spec)
-        versions, compiled = workload.versions, workload.compile
-        kernel = on_cuda_backend(
-            spec, resolved, notes, compute_bytes=compute_bytes, versions=versions, compiled=compiled
-        )
-        if kernel is not resolved:  # SDPA's math backend (its note said so)
-            return kernel
+        said = len(notes)
+        cuda = on_cuda_backend(
+            spec, resolved, notes, compute_bytes=compute_bytes, versions=workload.versions,
+            compiled=workload.compile, per_layer=True,
+        )  # fmt: skip
+        if len(notes) > said:  # SDPA's math backend: its line says what was counted
+            return cuda
     if note:
         notes.append(note)
     elif workload.attention is AttentionImpl.AUTO:
         notes.append(f"attention auto: {profile.attention} ({profile.name} default)")
-    return resolved
+    return CudaAttention(resolved, math_unmasked=False)
 
 
 def _loss(workload: Workload, profile: FrameworkProfile, notes: list[str]) -> LossImpl:
@@ -289,6 +286,7 @@ def _settings(workload: Workload, spec: ModelSpec) -> dict[str, object]:
     if workload.method is Method.QLORA and workload.quant is Quant.NONE:
         notes.append("method qlora without quant: assuming nf4-dq (QLoRA: NF4 with double quantization)")
     notes.extend(kbit_notes(workload, profile))
+    attention = _attention(workload, profile, spec, notes, compute_bytes=int(sizes["compute"]))
     settings: dict[str, object] = {
         "profile": profile,
         "param_bytes": int(sizes["param"]),
@@ -298,15 +296,12 @@ def _settings(workload: Workload, spec: ModelSpec) -> dict[str, object]:
         "state_bytes": int(sizes["state"]),
         "master_bytes": int(sizes["master"]),
         "autocast": bool(sizes["autocast"]),
-        "attention": _attention(workload, profile, spec, notes, compute_bytes=int(sizes["compute"])),
+        "attention": attention.kernel,
+        "math_unmasked": attention.math_unmasked,
         "loss": _loss(workload, profile, notes),
         "optimizer_impl": _optimizer_impl(workload, profile, notes),
         "compiled_loss": _compiled_loss(workload, profile, notes),
     }
-    settings["math_unmasked"] = profile.name in _TRANSFORMERS_LOOPS and math_in_unmasked_layers(
-        spec, settings["attention"], compute_bytes=int(sizes["compute"]), versions=workload.versions,  # type: ignore[arg-type]
-        compiled=workload.compile,
-    )  # fmt: skip
     settings["assumptions"] = tuple(notes)
     return settings
 

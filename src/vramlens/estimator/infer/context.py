@@ -130,7 +130,7 @@ def _attention(spec: ModelSpec, workload: Workload, engine: Engine, notes: list[
         resolved = AttentionImpl.SDPA
     kernel, note = hf_attention_kernel(workload.attention, resolved, spec)
     said = len(notes)
-    kernel = on_cuda_backend(spec, kernel, notes, compute_bytes=compute, versions=workload.versions)
+    kernel = on_cuda_backend(spec, kernel, notes, compute_bytes=compute, versions=workload.versions).kernel
     if note:
         notes.append(note)
     elif workload.attention is AttentionImpl.AUTO and len(notes) == said:
