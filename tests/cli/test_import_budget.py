@@ -90,6 +90,7 @@ ALLOWED = frozenset(
         "vramlens.estimator.reserved",
         "vramlens.estimator.runtime",
         "vramlens.estimator.saved_parts",
+        "vramlens.estimator.score_chains",
         "vramlens.estimator.stage_memory",
         "vramlens.estimator.stage_plan",
         "vramlens.estimator.step_layers",

@@ -29,7 +29,7 @@ import pytest
 from conftest import requires_hf
 from vramlens.estimator.activations import layer_saved_parts
 from vramlens.estimator.layout import lora_targets
-from vramlens.estimator.recompute import _recipe, layer_kind, train_state
+from vramlens.estimator.recompute import layer_kind, layer_recipe, train_state
 from vramlens.estimator.saved_parts import TrainState
 from vramlens.estimator.training_cache import training_cache_parts
 from vramlens.model.resolve import model_from_config
@@ -137,7 +137,7 @@ def estimated_per_token(
         {"model": "llama-3.1-8b", "precision": precision, "batch": 2, "seq": _SEQ, "attention": attention}
     )
     ctx = resolve_training(spec, workload)
-    recipe = _recipe(ctx, train_state(ctx, lora_targets(ctx)), [])
+    recipe = layer_recipe(ctx, train_state(ctx, lora_targets(ctx)), [])
     kind = layer_kind(spec.layers[layer], _SEQ)
     cache = training_cache_parts(recipe, kind) if training_cache else []
     return sum(part.bytes_per_token for part in layer_saved_parts(recipe, kind) + cache)
@@ -248,7 +248,7 @@ def _frozen_per_token(config: dict, *, seq: int, layer: int) -> float:
     workload = load_workload({"model": "llama-3.1-8b", "precision": "bf16", "batch": 2, "seq": seq})
     ctx = resolve_training(spec, workload)
     recipe = dataclasses.replace(
-        _recipe(ctx, train_state(ctx, lora_targets(ctx)), []),
+        layer_recipe(ctx, train_state(ctx, lora_targets(ctx)), []),
         train=TrainState(norms=False, needs_input=frozenset(), adapters=frozenset()),
     )
     kind = LayerKind(mixer=spec.layers[layer].mixer, ffn=spec.layers[layer].ffn)
@@ -272,7 +272,7 @@ def test_mixers_at_a_padded_multi_chunk_length(family: str, frozen: bool) -> Non
         spec = model_from_config(config, name="tiny")
         workload = load_workload({"model": "llama-3.1-8b", "precision": "bf16", "batch": 2, "seq": 100})
         ctx = resolve_training(spec, workload)
-        recipe = _recipe(ctx, train_state(ctx, lora_targets(ctx)), [])
+        recipe = layer_recipe(ctx, train_state(ctx, lora_targets(ctx)), [])
         kind = LayerKind(mixer=spec.layers[layer].mixer, ffn=spec.layers[layer].ffn)
         ours = sum(part.bytes_per_token for part in layer_saved_parts(recipe, kind))
     assert ours == pytest.approx(truth, abs=0.5)

@@ -17,7 +17,7 @@ import pytest
 from conftest import requires_hf
 from vramlens.estimator.activations import layer_saved_parts
 from vramlens.estimator.layout import lora_targets
-from vramlens.estimator.recompute import _recipe, train_state
+from vramlens.estimator.recompute import layer_recipe, train_state
 from vramlens.model.resolve import model_from_config
 from vramlens.resolve.context import resolve_training
 from vramlens.workload.load import load_workload
@@ -87,7 +87,7 @@ def _estimated_per_token(precision: str) -> float:
         {"model": "llama-3.1-8b", "precision": precision, "batch": 2, "seq": _SEQ, "attention": "sdpa", "compile": True}
     )
     ctx = resolve_training(spec, workload)
-    recipe = _recipe(ctx, train_state(ctx, lora_targets(ctx)), [])
+    recipe = layer_recipe(ctx, train_state(ctx, lora_targets(ctx)), [])
     return sum(part.bytes_per_token for part in layer_saved_parts(recipe, moe_layer=False))
 
 

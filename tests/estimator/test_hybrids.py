@@ -60,7 +60,7 @@ def test_the_mamba1_scan_backward_sits_beside_the_layer_mamba_half_only(recomput
     half up to the scan plus four fp32 d_inner x N tensors per token, not the largest layer whole."""
     from vramlens.estimator.activations import ffn_saved_parts, layer_saved_parts
     from vramlens.estimator.mixers import mixer_after_scan_parts, mixer_backward_working
-    from vramlens.estimator.recompute import _recipe, layer_activations, layer_kind, train_state
+    from vramlens.estimator.recompute import layer_activations, layer_kind, layer_recipe, train_state
     from vramlens.model.components import MixerKind
     from vramlens.resolve.context import resolve_training
 
@@ -71,7 +71,7 @@ def test_the_mamba1_scan_backward_sits_beside_the_layer_mamba_half_only(recomput
     ctx = resolve_training(spec, workload)
     state = train_state(ctx, frozenset())
     acts = layer_activations(ctx, state, range(len(spec.layers)))
-    recipe = _recipe(ctx, state, [])
+    recipe = layer_recipe(ctx, state, [])
     working = mixer_backward_working(spec, {MixerKind.MAMBA}, seq=128, compute_bytes=2)
     kinds = {layer_kind(layer, 128) for layer in spec.layers if layer.mixer is MixerKind.MAMBA}
     mamba_half = {

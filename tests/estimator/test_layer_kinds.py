@@ -41,13 +41,13 @@ def test_a_layer_without_ffn_or_mixer_counts_only_its_half() -> None:
 def test_saved_activations_of_the_halves_add_up_to_a_full_layer() -> None:
     from vramlens.estimator.activations import layer_saved_parts
     from vramlens.estimator.layout import lora_targets
-    from vramlens.estimator.recompute import _recipe, train_state
+    from vramlens.estimator.recompute import layer_recipe, train_state
     from vramlens.model.spec import LayerKind
     from vramlens.resolve.context import resolve_training
 
     spec = load_model("llama-3.2-1b")
     ctx = resolve_training(spec, _workload())  # type: ignore[arg-type]
-    recipe = _recipe(ctx, train_state(ctx, lora_targets(ctx)), [])
+    recipe = layer_recipe(ctx, train_state(ctx, lora_targets(ctx)), [])
 
     def total(kind: LayerKind) -> float:
         return sum(part.bytes_per_token for part in layer_saved_parts(recipe, kind))

@@ -19,7 +19,7 @@ from vramlens.errors import InputError
 from vramlens.estimator import estimate
 from vramlens.estimator.activations import layer_saved_parts
 from vramlens.estimator.layout import lora_targets
-from vramlens.estimator.recompute import _recipe, layer_kind, train_state
+from vramlens.estimator.recompute import layer_kind, layer_recipe, train_state
 from vramlens.model.resolve import model_from_config
 from vramlens.resolve.context import resolve_training
 from vramlens.resolve.kernels import LIGER_PATCHES
@@ -53,7 +53,7 @@ def _estimated(config: dict, *, precision: str, layer: int, kernels: str) -> flo
         {"model": "llama-3.1-8b", "precision": precision, "batch": 2, "seq": _SEQ, "kernels": kernels}
     )
     ctx = resolve_training(spec, workload)
-    recipe = _recipe(ctx, train_state(ctx, lora_targets(ctx)), [])
+    recipe = layer_recipe(ctx, train_state(ctx, lora_targets(ctx)), [])
     return sum(part.bytes_per_token for part in layer_saved_parts(recipe, layer_kind(spec.layers[layer], _SEQ)))
 
 

@@ -78,7 +78,7 @@ def _estimated_block(query_groups: int, flags: tuple[str, ...], precision: str, 
 
     from vramlens.estimator.activations import layer_saved_parts
     from vramlens.estimator.layout import lora_targets
-    from vramlens.estimator.recompute import _recipe, layer_kind, train_state
+    from vramlens.estimator.recompute import layer_kind, layer_recipe, train_state
     from vramlens.model.resolve import model_from_config
     from vramlens.resolve.context import resolve_training
     from vramlens.workload.load import load_workload
@@ -91,7 +91,7 @@ def _estimated_block(query_groups: int, flags: tuple[str, ...], precision: str, 
         targets = [name for flag in flags for name in _FLAGS[flag]]
         workload |= {"method": "lora", "lora": {"rank": 8, "targets": targets}}
     ctx = resolve_training(spec, load_workload(workload))
-    recipe = _recipe(ctx, train_state(ctx, lora_targets(ctx)), [])
+    recipe = layer_recipe(ctx, train_state(ctx, lora_targets(ctx)), [])
     return sum(part.bytes_per_token for part in layer_saved_parts(recipe, layer_kind(spec.layers[1], 64)))
 
 
@@ -129,7 +129,7 @@ def test_litgpt_fused_qkv_adapter_reads_its_input_once() -> None:
     from hf_step import TINY_LLAMA
 
     from vramlens.estimator.layout import lora_targets
-    from vramlens.estimator.recompute import _recipe, train_state
+    from vramlens.estimator.recompute import layer_recipe, train_state
     from vramlens.estimator.saved_parts import lora_parts
     from vramlens.model.resolve import model_from_config
     from vramlens.resolve.context import resolve_training
@@ -139,7 +139,7 @@ def test_litgpt_fused_qkv_adapter_reads_its_input_once() -> None:
         workload = {"model": "llama-3.1-8b", "framework": framework, "precision": "bf16", "batch": 2, "seq": 64,
                     "method": "lora", "lora": {"rank": 8, "dropout": 0.05, "targets": targets}}  # fmt: skip
         ctx = resolve_training(model_from_config(dict(TINY_LLAMA)), load_workload(workload))
-        recipe = _recipe(ctx, train_state(ctx, lora_targets(ctx)), [])
+        recipe = layer_recipe(ctx, train_state(ctx, lora_targets(ctx)), [])
         return {part.name: part.bytes_per_token for part in lora_parts(recipe, "attn_in", 256, input_bytes=2)}
 
     assert parts("litgpt", ["q_proj", "v_proj"]) == {

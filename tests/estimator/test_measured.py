@@ -77,3 +77,37 @@ def test_estimate_against_the_measurement(name: str, record: dict) -> None:
     if device is not None:
         assert 0.95 * report.device_bytes <= device <= 1.05 * (report.device_bytes + hole)
         assert report.safe.device_bytes + hole >= device
+
+
+#: Training runs whose reserved level has a known, open gap (the 5% bounds above hold for them).
+KNOWN_RESERVED_GAPS = {
+    "2026-11-27-h200/small-full-bf16-expandable": "-3.9%: with expandable segments the real allocator maps "
+    "about 0.6 GiB more than the allocator model (issue 20)",
+}
+TRAINING = [(name, record) for name, record in RECORDS if record["workload"].get("mode", "train") == "train"]
+
+
+@pytest.mark.parametrize(
+    ("name", "record"),
+    [
+        pytest.param(
+            name,
+            record,
+            id=name,
+            marks=[pytest.mark.xfail(strict=True, reason=KNOWN_RESERVED_GAPS[name])]
+            if name in KNOWN_RESERVED_GAPS
+            else [],
+        )
+        for name, record in TRAINING
+    ],
+)
+def test_a_training_steps_reserved_within_2_percent(name: str, record: dict) -> None:
+    """The whole-step replay on real steps: QLoRA's fp32 math-backend attention was 4.2% under
+    before its score chain was written in each layer's forward (``estimator/step_layers.py``)."""
+    report = estimate(record["workload"])
+    measured = record["measured"]
+    assert (
+        0.98 * report.reserved_bytes
+        <= measured["max_reserved_bytes"]
+        <= 1.02 * (report.reserved_bytes + _load_hole(measured))
+    )

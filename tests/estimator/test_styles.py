@@ -20,7 +20,7 @@ def test_an_unknown_type_has_no_style_to_borrow() -> None:
 
 def _cache_bytes(config: dict, **workload: object) -> float:
     """Bytes per token the training KV cache adds to layer 1 (sliding, masked SDPA) of ``config``."""
-    from vramlens.estimator.recompute import _recipe, layer_kind, train_state
+    from vramlens.estimator.recompute import layer_kind, layer_recipe, train_state
     from vramlens.estimator.training_cache import training_cache_parts
     from vramlens.model.resolve import model_from_config
     from vramlens.resolve.context import resolve_training
@@ -28,7 +28,7 @@ def _cache_bytes(config: dict, **workload: object) -> float:
 
     spec = model_from_config(config, name="tiny")
     ctx = resolve_training(spec, load_workload({"model": spec, "batch": 2, "seq": 64, "precision": "bf16", **workload}))
-    recipe = _recipe(ctx, train_state(ctx, frozenset()), [])
+    recipe = layer_recipe(ctx, train_state(ctx, frozenset()), [])
     return sum(p.bytes_per_token for p in training_cache_parts(recipe, layer_kind(spec.layers[1], 64)))
 
 

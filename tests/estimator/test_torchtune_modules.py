@@ -11,7 +11,7 @@ import pytest
 from vramlens.categories import Category
 from vramlens.estimator import estimate
 from vramlens.estimator.activations import layer_saved_parts
-from vramlens.estimator.recompute import _recipe, train_state
+from vramlens.estimator.recompute import layer_recipe, train_state
 from vramlens.model.resolve import model_from_config
 from vramlens.resolve.context import resolve_training
 from vramlens.workload.load import load_workload
@@ -35,7 +35,7 @@ def _workload(framework: str, **extra: Any) -> dict[str, Any]:
 def _layer_bytes_per_token(framework: str) -> float:
     workload = load_workload(_workload(framework))
     ctx = resolve_training(workload.model, workload)  # type: ignore[arg-type]
-    return sum(part.bytes_per_token for part in layer_saved_parts(_recipe(ctx, train_state(ctx, frozenset()), [])))
+    return sum(part.bytes_per_token for part in layer_saved_parts(layer_recipe(ctx, train_state(ctx, frozenset()), [])))
 
 
 def test_a_torchtune_layer_keeps_fp32_normalized_tensors_and_expanded_keys_and_values() -> None:

@@ -113,12 +113,14 @@ def test_compiled_torchtune_layer_keeps_what_the_estimate_counts() -> None:
     from torchtune_recipe import TorchtuneRun, compiled_layer_saved_per_token
 
     from vramlens.estimator.activations import layer_saved_parts
-    from vramlens.estimator.recompute import _recipe, train_state
+    from vramlens.estimator.recompute import layer_recipe, train_state
     from vramlens.resolve.context import resolve_training
     from vramlens.workload.load import load_workload
 
     run = TorchtuneRun(compile=True)
     workload = load_workload(run.workload())
     ctx = resolve_training(workload.model, workload)  # type: ignore[arg-type]
-    counted = sum(part.bytes_per_token for part in layer_saved_parts(_recipe(ctx, train_state(ctx, frozenset()), [])))
+    counted = sum(
+        part.bytes_per_token for part in layer_saved_parts(layer_recipe(ctx, train_state(ctx, frozenset()), []))
+    )
     assert compiled_layer_saved_per_token(run) == counted

@@ -29,12 +29,19 @@ probabilities stay alive to the end of the layer (``eager_attention_forward`` re
 
 from __future__ import annotations
 
+from typing import Final
+
 from vramlens.estimator.loss_pattern import Step
 from vramlens.estimator.saved_parts import FP32
 from vramlens.model.spec import ModelSpec
 from vramlens.resolve.styles import HfStyle
 
-__all__ = ["eager_score_chain", "eager_transients"]
+__all__ = ["EAGER_KEPT", "alive_bytes", "eager_score_chain", "eager_transients"]
+
+#: The saved parts (:mod:`vramlens.estimator.activations`) that eager attention's score chain with grad
+#: leaves alive for backward: the probabilities (with their fp32 softmax output where it is cast) and
+#: Gemma 2's soft-cap tanh.
+EAGER_KEPT: Final = ("attention probabilities", "attention soft-cap tanh")
 
 
 def eager_transients(
@@ -109,3 +116,14 @@ def eager_score_chain(
     if softmax != a:
         steps += [("+", "probs", a * n)] + ([] if grad else [("-", "softmax", 0)])
     return (*steps, ("-", "masked", 0))
+
+
+def alive_bytes(steps: tuple[Step, ...]) -> int:
+    """Bytes a chain of steps leaves alive: what it makes and does not free."""
+    alive: dict[str, int] = {}
+    for op, name, nbytes in steps:
+        if op == "+":
+            alive[name] = nbytes
+        else:
+            alive.pop(name, None)
+    return sum(alive.values())

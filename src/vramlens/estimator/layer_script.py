@@ -42,7 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vramlens.allocator.pattern import Pattern
-from vramlens.estimator.eager_attention import eager_score_chain
+from vramlens.estimator.eager_attention import EAGER_KEPT, alive_bytes, eager_score_chain
 from vramlens.estimator.layout import effective_quant
 from vramlens.estimator.loss_pattern import Step
 from vramlens.model.modules import layer_linears
@@ -57,7 +57,6 @@ __all__ = ["ForwardScript", "lora_forward_script", "write_steps"]
 
 _NORMS = (NormStyle.RMS, NormStyle.RMS_FP32_WEIGHT, NormStyle.GEMMA)
 _GATED_MLP = "mlp gate, up and activation outputs"
-_EAGER_KEPT = ("attention probabilities", "attention soft-cap tanh")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -270,16 +269,10 @@ class _Layer:
         )
         if not steps:
             raise _Unwritten("eager attention with sinks")
-        alive: dict[str, int] = {}
-        for op, name, nbytes in steps:
-            if op == "+":
-                alive[name] = nbytes
-            else:
-                alive.pop(name, None)
-            w.steps.append((op, f"eager {name}", nbytes))
-        if sum(alive.values()) != sum(sum(w.parts.get(part, [])) for part in _EAGER_KEPT):
+        w.steps += [(op, f"eager {name}", nbytes) for op, name, nbytes in steps]
+        if alive_bytes(steps) != sum(sum(w.parts.get(part, [])) for part in EAGER_KEPT):
             raise _Unwritten("eager attention's kept tensors")
-        for part in _EAGER_KEPT:
+        for part in EAGER_KEPT:
             if w.has(part):
                 w.count_kept(part, sum(w.parts[part]))
         product = w.new(query, "probs @ v")

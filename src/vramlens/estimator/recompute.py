@@ -11,8 +11,7 @@ from dataclasses import dataclass, replace
 
 from vramlens.errors import InputError
 from vramlens.estimator.activations import ffn_saved_parts, layer_saved_parts
-from vramlens.estimator.eager_attention import eager_score_chain, eager_transients
-from vramlens.estimator.loss_pattern import Step
+from vramlens.estimator.eager_attention import eager_transients
 from vramlens.estimator.mixers import KERNEL_ASSUMPTION, STATE_MIXERS, mixer_after_scan_parts, mixer_backward_working
 from vramlens.estimator.qlora import adapter_inputs_shared, base_output_bytes
 from vramlens.estimator.saved_parts import GATHERED, HEADS, SEQUENCE, LayerRecipe, Part, TrainState
@@ -32,9 +31,9 @@ from vramlens.workload.spec import ALL_LINEAR
 __all__ = [
     "LayerActivations",
     "eager_attention_working",
-    "recomputed_score_chain",
     "layer_activations",
     "layer_kind",
+    "layer_recipe",
     "scan_backward_beyond",
     "train_state",
 ]
@@ -64,7 +63,8 @@ def train_state(ctx: TrainingContext, targets: frozenset[str]) -> TrainState:
     )
 
 
-def _recipe(ctx: TrainingContext, state: TrainState, notes: list[str]) -> LayerRecipe:
+def layer_recipe(ctx: TrainingContext, state: TrainState, notes: list[str]) -> LayerRecipe:
+    """The layer recipe of the workload's layers (``notes`` gathers what it assumes)."""
     return LayerRecipe(
         spec=ctx.spec,
         style=layer_style(ctx.spec.model_type, ctx.profile),
@@ -211,7 +211,7 @@ def layer_activations(
 
 def _build_layer_activations(ctx: TrainingContext, state: TrainState, layer_range: range) -> LayerActivations:
     notes: list[str] = []
-    recipe = _recipe(ctx, state, notes)
+    recipe = layer_recipe(ctx, state, notes)
     lora = ctx.method in (Method.LORA, Method.QLORA) and ctx.workload.lora.targets == ALL_LINEAR
     if lora and ctx.spec.is_moe and recipe.style.peft_wraps_experts:
         notes.append(
@@ -344,7 +344,7 @@ def eager_attention_working(ctx: TrainingContext, state: TrainState, layer_range
     if ctx.attention is not AttentionImpl.EAGER and not ctx.math_unmasked:
         return 0.0, 0.0, 0.0
     workload = ctx.workload
-    recipe = _recipe(ctx, state, [])
+    recipe = layer_recipe(ctx, state, [])
     kinds = {index: layer_kind(ctx.spec.layers[index], workload.seq) for index in layer_range}
     attending = [index for index, kind in kinds.items() if kind.attends and recipe.eager_like(sliding=kind.sliding)]
     if not attending:
@@ -361,24 +361,3 @@ def eager_attention_working(ctx: TrainingContext, state: TrainState, layer_range
         ctx.spec, recipe.style, compute_bytes=a, autocast=autocast, seq=seq, tp=tp, kept=False
     )[0]
     return max(0.0, over_kept - after), max(0.0, backward - after), everything
-
-
-def recomputed_score_chain(ctx: TrainingContext, state: TrainState, layer_range: range) -> tuple[Step, ...]:
-    """Eager attention's score tensors in the first (no-grad) forward of a layer that full recompute
-    re-runs in backward, in code order (:func:`~vramlens.estimator.eager_attention.eager_score_chain`);
-    empty unless attention is eager, the layers are recomputed whole and every layer of the range
-    attends (a hybrid's Mamba or linear-attention layers make no scores)."""
-    if ctx.attention is not AttentionImpl.EAGER or ctx.workload.recompute not in _WHOLE_LAYER:
-        return ()
-    if not layer_range or not all(ctx.spec.layers[index].attends for index in layer_range):
-        return ()
-    recipe = _recipe(ctx, state, [])
-    return eager_score_chain(
-        ctx.spec,
-        recipe.style,
-        compute_bytes=recipe.compute_bytes,
-        autocast=recipe.autocast,
-        seq=recipe.seq,
-        tokens=ctx.tokens,
-        tp=ctx.workload.parallel.tp,
-    )

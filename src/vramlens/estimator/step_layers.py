@@ -11,18 +11,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from vramlens.estimator.eager_attention import EAGER_KEPT, alive_bytes
 from vramlens.estimator.layer_script import ForwardScript, lora_forward_script
 from vramlens.estimator.loss_pattern import Step
 from vramlens.estimator.quantities import StageMemory
-from vramlens.estimator.recompute import layer_activations, layer_kind, recomputed_score_chain, train_state
+from vramlens.estimator.recompute import layer_activations, layer_kind, train_state
 from vramlens.estimator.saved_parts import GATHERED, HEADS, SEQUENCE, Part
+from vramlens.estimator.score_chains import forward_score_chain, recomputed_score_chain
 from vramlens.model.modules import layer_linears
 from vramlens.model.spec import LayerKind
 from vramlens.resolve.context import TrainingContext
 from vramlens.resolve.frameworks import layer_style
 from vramlens.workload.options import AttentionImpl
 
-__all__ = ["Saved", "saved_tensors", "score_chain", "tensor_widths", "working_pieces"]
+__all__ = ["EagerChain", "Saved", "saved_tensors", "score_chain", "tensor_widths", "working_pieces"]
 
 
 def saved_tensors(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str]) -> Saved:
@@ -32,11 +34,16 @@ def saved_tensors(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str
     share of the saved total as one tensor (the checkpointed input) and the largest kind's parts
     re-created in its backward."""
     stage = mem.stage
-    acts = layer_activations(ctx, train_state(ctx, targets), stage.layer_range)
+    state = train_state(ctx, targets)
+    acts = layer_activations(ctx, state, stage.layer_range)
     built = {kind: kind_tensors(ctx, kind, parts, targets) for kind, parts in acts.parts_by_kind}
     style = layer_style(ctx.spec.model_type, ctx.profile)
     scripts = {
         kind: lora_forward_script(ctx, kind, part_tensors(ctx, parts), targets, style)
+        for kind, parts in acts.parts_by_kind
+    }
+    chains = {
+        kind: None if scripts[kind] else eager_chain(forward_score_chain(ctx, state, kind), part_tensors(ctx, parts))
         for kind, parts in acts.parts_by_kind
     }
     kinds = list(built)
@@ -47,7 +54,14 @@ def saved_tensors(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str
     total = sum(sum(lists[i]) for i in index)
     if total and abs(total - mem.activations_bytes) <= 0.02 * total:
         adapters = [built[kind][1] for kind in kinds] or [[]]
-        return Saved(lists=lists, index=index, recomputed=[], adapters=adapters, scripts=[scripts[k] for k in kinds])
+        return Saved(
+            lists=lists,
+            index=index,
+            recomputed=[],
+            adapters=adapters,
+            scripts=[scripts[k] for k in kinds],
+            chains=[chains[k] for k in kinds],
+        )
     per_layer = mem.activations_bytes // max(stage.layers, 1)
     largest = max(lists, key=sum)
     if mem.recompute_bytes and abs(sum(largest) - mem.recompute_bytes) > 0.02 * mem.recompute_bytes:
@@ -57,7 +71,7 @@ def saved_tensors(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str
 
 def score_chain(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str]) -> tuple[Step, ...]:
     """Eager attention's score tensors of a recomputed layer's first forward, one by one
-    (:func:`~vramlens.estimator.recompute.recomputed_score_chain`; empty when none are written)."""
+    (:func:`~vramlens.estimator.score_chains.recomputed_score_chain`; empty when none are written)."""
     return recomputed_score_chain(ctx, train_state(ctx, targets), mem.stage.layer_range)
 
 
@@ -80,6 +94,35 @@ class Saved:
     recomputed: list[int]
     adapters: list[list[tuple[int, int, int]]] = field(default_factory=lambda: [[]])
     scripts: list[ForwardScript | None] = field(default_factory=list)
+    chains: list[EagerChain | None] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EagerChain:
+    """Eager attention's score chain in a layer written from its saved tensors: ``steps`` are written
+    in place of the saved tensors at ``replaced`` (positions in the layer kind's list, the first where
+    the chain goes), whose bytes are what the chain leaves alive (:data:`EAGER_KEPT`)."""
+
+    steps: tuple[Step, ...]
+    replaced: tuple[int, ...]
+
+
+def eager_chain(steps: tuple[Step, ...], named: list[tuple[str, list[int]]]) -> EagerChain | None:
+    """The chain ``steps`` of a layer whose saved tensors are ``named`` (each part's name and its
+    tensors, in the order of the kind's list), or None: no chain, or one that does not leave alive
+    exactly the kept parts' bytes (a layer the chain does not describe keeps its saved tensors)."""
+    if not steps:
+        return None
+    replaced: list[int] = []
+    kept = at = 0
+    for name, tensors in named:
+        if name in EAGER_KEPT:
+            replaced += range(at, at + len(tensors))
+            kept += sum(tensors)
+        at += len(tensors)
+    if not replaced or alive_bytes(steps) != kept:
+        return None
+    return EagerChain(steps=steps, replaced=tuple(replaced))
 
 
 def kind_tensors(

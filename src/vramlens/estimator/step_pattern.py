@@ -79,8 +79,9 @@ class _Writer:
     def _layer_forward(self, layer: int) -> tuple[list[int], int]:
         """A layer's saved tensors, with PEFT's adapter sums where they happen: the base output
         (``result = base(x)``) before the adapter's input copy; after its ``lora_A`` output the
-        ``lora_B`` output, its scaled copy, the promoted sum, the result cast back; returns the
-        keys and the forward working set left for the end of the layer (bytes)."""
+        ``lora_B`` output, its scaled copy, the promoted sum, the result cast back; eager attention's
+        score chain in place of the tensors it keeps; returns the keys and the forward working set
+        left for the end of the layer (bytes)."""
         s, p = self.shape, self.p
         kind = s.saved_kind[layer] if layer < len(s.saved_kind) else layer % len(s.saved)
         script = s.forward_scripts[kind] if kind < len(s.forward_scripts) else None
@@ -88,6 +89,8 @@ class _Writer:
             kept, self.released = script.write(p)
             return kept, 0
         sums = s.adapter_sums[kind] if kind < len(s.adapter_sums) else ()
+        chain = s.eager_chains[kind] if kind < len(s.eager_chains) else None
+        replaced = chain.replaced if chain is not None else ()
         a, d = s.compute_bytes, s.adapter_bytes
         bases: dict[int, int] = {}
         keys: list[int] = []
@@ -95,7 +98,10 @@ class _Writer:
             for number, (start, _, out) in enumerate(sums):
                 if start == position:
                     bases[number] = p.alloc(out * a)
-            keys.append(p.alloc(nbytes))
+            if position not in replaced:
+                keys.append(p.alloc(nbytes))
+            elif chain is not None and position == replaced[0]:  # its kept tensors stand for the parts'
+                keys += write_steps(p, chain.steps)
             for number, (_, end, out) in enumerate(sums):
                 if end == position + 1:
                     made = p.alloc(out * d)

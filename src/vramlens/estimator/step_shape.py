@@ -22,7 +22,7 @@ from vramlens.estimator.layout import EMBED_NAMES, StageView
 from vramlens.estimator.lora_head import HEAD_NAMES, only_the_head_trains
 from vramlens.estimator.optimizers import optimizer_model
 from vramlens.estimator.quantities import StageMemory
-from vramlens.estimator.step_layers import Saved, saved_tensors, score_chain, tensor_widths
+from vramlens.estimator.step_layers import EagerChain, Saved, saved_tensors, score_chain, tensor_widths
 from vramlens.estimator.step_weights import resident_weights, unsharded_params
 from vramlens.model.spec import LayerKind
 from vramlens.resolve._memo import memo
@@ -82,6 +82,10 @@ class StepShape:
     """For each entry of ``saved``: its layers' forward in code order, the saved tensors among the
     tensors nobody keeps (:func:`~vramlens.estimator.layer_script.lora_forward_script`), or None
     where the layer is written from ``saved`` and ``adapter_sums``."""
+    eager_chains: tuple[EagerChain | None, ...]
+    """For each entry of ``saved`` written from it: eager attention's score chain in place of the
+    tensors it keeps (:func:`~vramlens.estimator.step_layers.eager_chain`), or None (a fused kernel,
+    a scripted layer, or a layer the chain does not describe)."""
     compute_bytes: int
     """Bytes per element of activations (the compute dtype)."""
     adapter_bytes: int
@@ -94,8 +98,8 @@ class StepShape:
     """A layer's copies stay until its backward (no recompute); else the cache drops them after forward."""
     head_cast: int
     forward_working: int
-    """A layer's forward working set written as tensors after its saved ones (beside the score chain's
-    probabilities when there is a chain)."""
+    """A layer's forward working set written as tensors after its saved ones (besides the score
+    tensors when a score chain writes them)."""
     score_chain: tuple[tuple[str, str, int], ...]
     """Eager attention's score tensors in a recomputed layer's first forward, in code order, the
     probabilities (``probs``) left alive to the end of the layer
@@ -245,13 +249,14 @@ def step_shape(ctx: TrainingContext, mem: StageMemory, targets: frozenset[str], 
         saved_kind=saved.index,
         adapter_sums=tuple(tuple(each) for each in saved.adapters),
         forward_scripts=tuple(saved.scripts),
+        eager_chains=tuple(saved.chains),
         compute_bytes=a,
         adapter_bytes=2 if ctx.autocast or not ctx.profile.adapters_fp32 else 4,
         recomputed=tuple(saved.recomputed),
         casts=tuple(w * a for w in layer_trained[0] if w > spec.hidden_size) if full_cast and layers else (),
         casts_kept=ctx.workload.recompute is Recompute.NONE,
         head_cast=table * a if full_cast and stage.last else 0,
-        forward_working=mem.forward_besides_scores_bytes if chain else mem.forward_working_bytes,
+        forward_working=mem.forward_besides_scores_bytes if chain or any(saved.chains) else mem.forward_working_bytes,
         score_chain=chain,
         working=mem.working_bytes,
         hidden=ctx.tokens * spec.hidden_size * a,
