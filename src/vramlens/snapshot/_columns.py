@@ -194,9 +194,9 @@ def _stack_codes(entries: list[dict[str, Any]], stacks: StackTable, where: str) 
     objects = _field(entries, "frames", None)
     ids = np.fromiter(map(id, objects), np.int64, len(objects))  # shared lists: a few distinct ids
     _, firsts, inverse = np.unique(ids, return_index=True, return_inverse=True)
-    codes = np.full(len(firsts), -1, np.int32)
-    for slot in np.argsort(firsts).tolist():  # in order of first use, as the stacks are numbered
-        codes[slot] = stacks.code(objects[firsts[slot]], f"{where}[{firsts[slot]}]")
+    order = np.argsort(firsts)  # in order of first use, as the stacks are numbered
+    codes = np.empty(len(firsts), np.int32)
+    codes[order] = [stacks.code(objects[first], f"{where}[{first}]") for first in firsts[order].tolist()]
     return codes[inverse.reshape(-1)]
 
 
