@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from vramlens.errors import InputError
 from vramlens.snapshot import load_snapshot
@@ -56,3 +58,40 @@ def test_category_column_only_when_an_entry_has_one() -> None:
     assert _trace(entries).category is None
     entries[5]["category"] = "activation"
     assert _trace(entries).category.tolist() == [-1, -1, -1, -1, -1, 0]
+
+
+def _reference(entries: list[dict[str, Any]]) -> tuple[Any, list[int], list[tuple[str, ...]]]:
+    """``time_us``, stack codes and stacks (function names) read entry by entry, the plain way."""
+    times = [entry.get("time_us") for entry in entries]
+    stacks: dict[tuple[str, ...], int] = {}
+    codes = []
+    for entry in entries:
+        names = tuple(frame["name"] for frame in entry.get("frames") or ())
+        codes.append(stacks.setdefault(names, len(stacks)) if names else -1)
+    return (None if None in times else times), codes, list(stacks)
+
+
+@given(st.data())
+@settings(max_examples=150, deadline=None)
+def test_fuzzed_entries_read_as_entry_by_entry(data: st.DataObject) -> None:
+    shared = [[{"filename": "/a.py", "line": i, "name": f"f{i}"}] for i in range(4)]
+    count = data.draw(st.integers(1, 40))
+    entries = []
+    for index in range(count):
+        entry: dict[str, Any] = {"action": "alloc", "addr": 512 * (index + 1), "size": 8, "stream": 0}
+        time = data.draw(st.sampled_from(["int", "int", "int", "missing", "none"]))
+        if time != "missing":
+            entry["time_us"] = index if time == "int" else None
+        frames = data.draw(st.sampled_from(["shared", "shared", "copy", "none", "empty", "missing"]))
+        if frames in ("shared", "copy"):
+            stack = shared[data.draw(st.integers(0, 3))]
+            entry["frames"] = stack if frames == "shared" else [dict(frame) for frame in stack]
+        elif frames != "missing":
+            entry["frames"] = None if frames == "none" else []
+        entries.append(entry)
+    snapshot = load_snapshot({"segments": [], "device_traces": [entries]})
+    times, codes, stacks = _reference(entries)
+    trace = snapshot.trace(0)
+    assert (trace.time_us.tolist() if trace.time_us is not None else None) == times
+    assert trace.stack.tolist() == codes
+    assert [tuple(frame.name for frame in stack) for stack in snapshot.stacks] == stacks
