@@ -10,7 +10,8 @@ caches); the wall time, CPU time (user + system) and peak RSS of each child come
 ``os.wait4``; the medians and the ratios are printed (CPU time is the steadier figure on a
 loaded machine).
 
-The stage breakdown below (the older measurement, issue 6: at most 5 s and 2 GiB) runs after it.
+The stage breakdown below (the older measurement, issue 6: at most 5 s and 2 GiB) runs after it,
+then the time of each stage of ``view`` as a multiple of a plain ``pickle.loads`` in that process.
 
 A synthetic 2.1+ snapshot pickle is generated first (``tests/snapshot/layouts.py``
 ``synthetic_snapshot``: ~5 frames per stack from 300 distinct stacks shared through the pickle
@@ -34,7 +35,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -95,6 +96,47 @@ def measure(path: Path) -> None:
     print(f"TOTAL read + summarise: {done - start:.2f} s; peak RSS {rss:.2f} GiB")
 
 
+def stages(path: Path) -> None:
+    """Where ``vramlens view`` spends its time, stage by stage, each as a multiple of a plain
+    ``pickle.loads`` of the same bytes timed first in this process (the yardstick: collector on)."""
+    import gc
+    import io
+
+    from vramlens._untrusted import check_tree
+    from vramlens.allocator import replay
+    from vramlens.forensics.view import build_view
+    from vramlens.snapshot._unpickle import _DataOnlyUnpickler, check_opcodes, expanded_budget
+    from vramlens.snapshot.reader import snapshot_from_object
+
+    data = path.read_bytes()
+    started = time.perf_counter()
+    pickle.loads(data)
+    yardstick = time.perf_counter() - started
+    times: dict[str, float] = {}
+
+    def timed(stage: str, work: Any) -> Any:
+        begun = time.perf_counter()
+        result = work()
+        times[stage] = time.perf_counter() - begun
+        return result
+
+    timed("opcode check", lambda: check_opcodes(data, "x"))
+    gc.disable()
+    reader = io.BufferedReader(io.BytesIO(data), buffer_size=1 << 20)
+    obj = timed("C unpickler (collector paused)", lambda: _DataOnlyUnpickler(reader).load())
+    timed("check_tree", lambda: check_tree(obj, name="x", max_values=expanded_budget(len(data))))
+    snapshot = timed("columns (snapshot_from_object)", lambda: snapshot_from_object(obj, "x"))
+    timed("freeing the unpickled object", lambda: obj.clear())
+    gc.enable()
+    timeline = timed("timeline()", lambda: snapshot.timeline(snapshot.devices[0]))
+    timed("allocator replay", lambda: replay(timeline.nbytes, timeline.storage))
+    timed("build_view without the replay", lambda: build_view(timeline, replay_allocator=False))
+    print(f"stages, as multiples of a plain pickle.loads in this process ({yardstick:.2f} s):")
+    for stage, seconds in times.items():
+        print(f"  {stage:34s} {seconds:6.2f} s {seconds / yardstick:6.2f}x")
+    print(f"  {'sum':34s} {sum(times.values()):6.2f} s {sum(times.values()) / yardstick:6.2f}x")
+
+
 _PLAIN_LOAD = "import pickle, sys\nwith open(sys.argv[1], 'rb') as f:\n    pickle.load(f)\n"
 
 
@@ -148,6 +190,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.measure is not None:
         measure(args.measure)
+        stages(args.measure)
         return
     if args.file is not None:
         compare(args.file, args.rounds)

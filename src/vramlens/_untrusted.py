@@ -24,6 +24,7 @@ import json
 import math
 import re
 import reprlib
+from operator import itemgetter
 from typing import Any, Final, cast
 
 from vramlens.errors import InputError, VramlensError
@@ -52,6 +53,7 @@ _BRIEF_INT_BITS: Final = 256
 _CONTAINER_TYPES: Final = frozenset({dict, list, tuple, set, frozenset})
 #: Dict children :func:`check_tree` counts at once when it can (see ``_TreeCheck._bulk``).
 _BULK: Final = 256
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
 
 
 def abridge(text: str, limit: int = 200) -> str:
@@ -168,22 +170,21 @@ class _TreeCheck:
         return self.error(f"{self.name}: refused: {problem}")
 
     def run(self, obj: Any) -> int:
-        path = [self._frame(obj)]
+        path = [self._frame(obj, *_children(obj))]
         while path:
             frame = path[-1]
             pending = self._advance(frame)
             if len(path) + frame[4] > self.max_depth:
                 raise self.fail(f"values nested deeper than {self.max_depth} levels")
             if pending is not None:
-                path.append(self._frame(pending))
+                path.append(self._frame(*pending))
                 continue
             self.done[id(frame[0])] = (frame[3], frame[4] + 1)
             self.on_path.discard(id(frame[0]))
             path.pop()
         return self.done[id(obj)][0]
 
-    def _frame(self, node: Any) -> list[Any]:
-        children, count = _children(node)
+    def _frame(self, node: Any, children: list[Any], count: int) -> list[Any]:
         self.keep.append(node)
         self.on_path.add(id(node))
         return [node, children, 0, 1 + count, 0, 0]
@@ -202,17 +203,18 @@ class _TreeCheck:
         if None in found:
             return None
         seen = cast("list[tuple[int, int]]", found)
-        added = 2 * sum(map(len, chunk)) + sum(item[0] for item in seen) - len(seen)
-        return added, 1 + max((item[1] for item in seen), default=0)
+        added = 2 * sum(map(len, chunk)) + sum(map(_FIRST, seen)) - len(seen)
+        return added, 1 + max(map(_SECOND, seen), default=0)
 
-    def _advance(self, frame: list[Any]) -> Any:
+    def _advance(self, frame: list[Any]) -> tuple[Any, list[Any], int] | None:
         """Add the frame's children that are known, or hold only known containers, to its
-        counts; the first child that must be visited first, or None when all are counted.
+        counts; the first child that must be visited first (with its :func:`_children`), or
+        None when all are counted.
         Runs of :data:`_BULK` dict children go through :meth:`_bulk` when they can; a run that
         cannot is walked one by one (``frame[5]``: where the next bulk attempt may start)."""
         children, done, on_path = frame[1], self.done, self.on_path
         index, total, tallest = frame[2], frame[3], frame[4]
-        pending = None
+        pending: tuple[Any, list[Any], int] | None = None
         while index < len(children):
             if index >= frame[5] and type(children[index]) is dict:
                 chunk = children[index : index + _BULK]
@@ -230,11 +232,12 @@ class _TreeCheck:
                 if id(child) in on_path:
                     raise self.fail("a value that contains itself (a cyclic reference)")
                 grandchildren, count = _children(child)
-                found = [done.get(id(grandchild)) for grandchild in grandchildren]
-                if None in found:
-                    pending = child
+                # all() over C-level maps stops at the first unknown grandchild (a trace's
+                # 10**6 entries are not looked up here only to learn that the first is new)
+                if not all(map(done.__contains__, map(id, grandchildren))):
+                    pending = (child, grandchildren, count)
                     break
-                known = [item for item in found if item is not None]
+                known = list(map(done.__getitem__, map(id, grandchildren)))
                 seen = (1 + count + sum(k[0] - 1 for k in known), 1 + max((k[1] for k in known), default=0))
                 done[id(child)] = seen
                 self.keep.append(child)
