@@ -118,16 +118,22 @@ def test_reserved_agrees_with_the_simulation_over_the_set() -> None:
 #: tensors land in. Written as the kept probabilities alone, reserved was 5.5% and 4.4% under the
 #: simulation (and QLoRA on the H200, ``validation/measured/2026-11-27-h200``, 4.2% under the
 #: measurement); the step pattern now writes the chain (``estimator/step_layers.py: eager_chain``).
+#: StarCoder2 drops out its attention probabilities (0.1): the math backend keeps the mask and the
+#: dropped-out copy, which the simulation left out (it ran the call without dropout, as for the
+#: fused kernels): the estimate was 56% above it.
 _MATH_BACKEND = {
-    "qwen2.5-0.5b qlora b2 s1024": {"method": "qlora", "precision": "bf16"},
-    "qwen2.5-0.5b fp32 b2 s1024": {"method": "full", "precision": "fp32"},
+    "qwen2.5-0.5b qlora b2 s1024": {"model": "qwen2.5-0.5b", "method": "qlora", "precision": "bf16"},
+    "qwen2.5-0.5b fp32 b2 s1024": {"model": "qwen2.5-0.5b", "method": "full", "precision": "fp32"},
+    "starcoder2-7b qlora b2 s1024": {"model": "starcoder2-7b", "method": "qlora", "precision": "bf16"},
 }
 
 
 @pytest.mark.parametrize("case", list(_MATH_BACKEND))
-def test_math_backend_layers_reserved_within_1_percent(case: str) -> None:
-    workload = {"model": "qwen2.5-0.5b", "batch": 2, "seq": 1024, "framework": "hf", **_MATH_BACKEND[case]}
-    assert estimate(workload).reserved_bytes == pytest.approx(simulate(workload).reserved_bytes, rel=0.01)
+def test_math_backend_layers_within_1_percent(case: str) -> None:
+    workload = {"batch": 2, "seq": 1024, "framework": "hf", **_MATH_BACKEND[case]}
+    simulated, estimated = simulate(workload), estimate(workload)
+    assert estimated.allocated_bytes == pytest.approx(simulated.allocated_bytes, rel=0.01)
+    assert estimated.reserved_bytes == pytest.approx(simulated.reserved_bytes, rel=0.01)
 
 
 # ---- inference: generate()'s prefill --------------------------------------------------------------

@@ -33,6 +33,16 @@ def test_fp32_grouped_heads_keep_the_probabilities() -> None:
     assert (1, 4, 64, 64) in _saved_shapes(torch.float32, 2, enable_gqa=True)
 
 
+def test_dropout_on_the_math_backend_keeps_a_mask_and_the_dropped_out_copy() -> None:
+    """CUDA's math backend drops out the probabilities through ``native_dropout``: the 1-byte mask
+    and the dropped-out fp32 copy are kept beside the softmax's output (simulator/_cuda_sdpa.py)."""
+    def scores(**kwargs: object) -> list[tuple[int, ...]]:
+        return [shape for shape in _saved_shapes(torch.float32, 2, enable_gqa=True, **kwargs) if shape[-2:] == (64, 64)]
+
+    # Two more s x s tensors than without dropout: the mask and the dropped-out copy.
+    assert len(scores(dropout_p=0.1)) == len(scores()) + 2
+
+
 def test_under_autocast_the_fp32_queries_reach_a_fused_kernel_in_bf16() -> None:
     """Mixed precision: rotary embeddings in the fp32 residual's dtype make the queries fp32, and
     autocast casts them to bf16 inside the SDPA call (a fused kernel on CUDA)."""

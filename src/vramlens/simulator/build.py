@@ -19,6 +19,7 @@ from typing import Any
 from vramlens._extras import require
 from vramlens.errors import InputError
 from vramlens.model.spec import ModelSpec
+from vramlens.simulator._cuda_sdpa import cuda_runs_math, cuda_sdpa_backend
 from vramlens.workload.options import AttentionImpl, Precision
 from vramlens.workload.spec import ALL_LINEAR, Workload
 
@@ -83,14 +84,15 @@ def cuda_code_paths() -> Iterator[None]:
     * ``F.scaled_dot_product_attention`` with ``dropout_p > 0``: CUDA's flash and
       memory-efficient kernels drop out from a random seed and keep no mask; the CPU falls
       back to the math kernel and keeps s x s fp32 tensors. The call runs with
-      ``dropout_p=0`` (same saved tensors as the CUDA kernels).
+      ``dropout_p=0`` (same saved tensors as the CUDA kernels), unless CUDA runs it on the math
+      backend (below), whose dropout keeps a 1-byte mask and the dropped-out probabilities.
     (Found by the GPT-2 agreement cases, dropout 0.1: the fake run was 36-54% above a
     CUDA-shaped estimate.)
     * ``F.scaled_dot_product_attention`` with fp32 queries (autocast off), grouped KV heads,
       ``enable_gqa`` and no mask: no fused CUDA kernel takes it (flash and cuDNN: fp16/bf16; memory-efficient: no GQA),
       so CUDA runs the math backend, which keeps the s x s probabilities; the CPU's flash kernel
-      takes it. The call runs ``aten._scaled_dot_product_attention_math`` (:func:`cuda_sdpa_backend`;
-      measured on an H200, QLoRA without autocast: ``validation/measured/2026-11-27-h200``).
+      takes it. The call runs ``aten._scaled_dot_product_attention_math``
+      (:mod:`vramlens.simulator._cuda_sdpa`; measured on an H200, QLoRA without autocast).
     * ``grouped_mm`` in fp32/fp16 (MoE experts after QLoRA's k-bit preparation): CUDA runs a
       per-group fallback whose meta function fake tensors lack
       (:mod:`vramlens.simulator._grouped_mm`).
@@ -109,7 +111,8 @@ def cuda_code_paths() -> Iterator[None]:
         return dropout(input, p, training, inplace)
 
     def flash_attention(*args: Any, dropout_p: float = 0.0, **kwargs: Any) -> Any:
-        return attention(*args, dropout_p=0.0, **kwargs)
+        kept = dropout_p if cuda_runs_math(torch, *args, **kwargs) else 0.0  # only the math backend keeps its tensors
+        return attention(*args, dropout_p=kept, **kwargs)
 
     with cuda_sdpa_backend():
         attention = functional.scaled_dot_product_attention
@@ -119,37 +122,6 @@ def cuda_code_paths() -> Iterator[None]:
             any_dtype_grouped_mm(),
         ):
             yield
-
-
-@contextlib.contextmanager
-def cuda_sdpa_backend() -> Iterator[None]:
-    """``F.scaled_dot_product_attention`` on the backend CUDA picks where the CPU picks another:
-    fp32 queries (autocast off), grouped KV heads, ``enable_gqa`` and no mask run the math backend,
-    which keeps the s x s probabilities (``aten._scaled_dot_product_attention_math``); see
-    :func:`vramlens.resolve.attention.sdpa_runs_math`. Other calls run unchanged."""
-    from unittest import mock
-
-    torch = require("torch", purpose="vramlens simulate")
-    functional = torch.nn.functional
-    attention = functional.scaled_dot_product_attention
-
-    def as_on_cuda(*args: Any, **kwargs: Any) -> Any:
-        if not _cuda_runs_math(torch, *args, **kwargs):
-            return attention(*args, **kwargs)
-        query, key, value = args
-        math = torch.ops.aten._scaled_dot_product_attention_math
-        return math(query, key, value, None, kwargs.get("dropout_p", 0.0), kwargs.get("is_causal", False), None,
-                    scale=kwargs.get("scale"), enable_gqa=True)[0]  # fmt: skip
-
-    with mock.patch.object(functional, "scaled_dot_product_attention", as_on_cuda):
-        yield
-
-
-def _cuda_runs_math(torch: Any, query: Any, key: Any, value: Any, *rest: Any, attn_mask: Any = None,
-                    enable_gqa: bool = False, **kwargs: Any) -> bool:  # fmt: skip
-    grouped = query.dim() == 4 and key.dim() == 4 and query.shape[-3] != key.shape[-3]
-    fp32 = query.dtype == torch.float32 and not torch.is_autocast_enabled(query.device.type)  # autocast: bf16
-    return bool(enable_gqa and attn_mask is None and not rest and grouped and fp32)
 
 
 def hf_config(spec: ModelSpec, attention: AttentionImpl) -> Any:
