@@ -8,7 +8,9 @@ backward stay alive until that layer's backward, so recompute decides how many r
 from __future__ import annotations
 
 from vramlens.categories import Category
+from vramlens.estimator.layout import StageView
 from vramlens.estimator.stage_memory import StageMemory
+from vramlens.model.params import norm_parameters
 from vramlens.resolve.context import TrainingContext
 from vramlens.resolve.derived import checkpointed_layers
 from vramlens.workload.options import Recompute
@@ -18,19 +20,37 @@ __all__ = ["autocast_casts"]
 
 def autocast_casts(ctx: TrainingContext, mem: StageMemory) -> None:
     """Autocast weight copies (full fine-tuning of fp32 weights under autocast)."""
-    stage, a, spec = mem.stage, ctx.compute_bytes, ctx.spec
-    if ctx.autocast and ctx.full:
-        linear = stage.trainable_elements - stage.layers * spec.norms_per_layer * spec.hidden_size
-        mem.add(
-            "autocast bf16 weight copies (autocast cache, until the forward ends)",
-            Category.TEMPORARY,
-            linear * a,
-            lambda: f"{linear:,} weights x {a} B",
-            into="casts_bytes",
-            alive="the forward (autocast cache)",
-        )
-        mem.casts_backward_bytes = _casts_in_backward(ctx, mem.casts_bytes, stage.layers)
-        mem.formulas["casts_backward_bytes"] = _casts_backward_formula(ctx, stage.layers)
+    if not (ctx.autocast and ctx.full):
+        return
+    a, layers = ctx.compute_bytes, mem.stage.layers
+    layer_elements, head = _cast_elements(ctx, mem.stage)
+    mem.add(
+        "autocast bf16 weight copies (autocast cache, until the forward ends)",
+        Category.TEMPORARY,
+        (layer_elements + head) * a,
+        lambda: f"({layer_elements:,} layer + {head:,} head) weights x {a} B",
+        into="casts_bytes",
+        alive="the forward (autocast cache)",
+    )
+    mem.casts_backward_bytes = _casts_in_backward(ctx, mem.casts_bytes, layers)
+    mem.formulas["casts_backward_bytes"] = _casts_backward_formula(ctx, layers)
+    mem.casts_last_layer_bytes = layer_elements * a // max(layers, 1)
+    mem.formulas["casts_last_layer_bytes"] = lambda: f"{layer_elements:,} layer weights x {a} B / {layers} layers"
+
+
+def _cast_elements(ctx: TrainingContext, stage: StageView) -> tuple[int, int]:
+    """(elements of the stage's layer weights autocast casts, of the head's): the matmuls' weights
+    and biases (``F.linear`` is on autocast's lower-precision list). Not the norms' weights (an
+    elementwise product keeps their dtype) nor the input embedding (``F.embedding`` is on no list:
+    a lookup in the fp32 table); the LM head's weight is cast where the head runs (the tied table
+    too: once, as the head's weight)."""
+    spec = ctx.spec
+    table = spec.vocab_size * spec.hidden_size // ctx.workload.parallel.tp
+    tables = stage.first + (stage.last and not (spec.tie_word_embeddings and stage.first))  # trained tables
+    final_norm = norm_parameters(spec.norm, spec.hidden_size) if stage.last else 0
+    norms = stage.layers * spec.norms_per_layer * norm_parameters(spec.norm, spec.hidden_size)
+    layers = stage.trainable_elements - tables * table - final_norm - norms
+    return max(0, layers), table if stage.last else 0
 
 
 def _casts_in_backward(ctx: TrainingContext, casts: int, layers: int) -> int:

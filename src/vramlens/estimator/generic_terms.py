@@ -106,6 +106,8 @@ def _layer_terms(ctx: TrainingContext, mem: StageMemory) -> None:
     )
     mem.casts_backward_bytes = int(copies_backward + head)
     mem.formulas["casts_backward_bytes"] = "traced: what the layers hold at the start of backward whatever the batch"
+    mem.casts_last_layer_bytes = int(copies) // max(stage.layers, 1)
+    mem.formulas["casts_last_layer_bytes"] = "traced: one layer's share of what the layers hold whatever the batch"
     _outside_terms(ctx, mem, kept)
     kinds = list(counts)
     mem.working_bytes = int(max((working.kinds[k].backward_working.at(b, s) for k in kinds), default=0))

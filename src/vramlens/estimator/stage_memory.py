@@ -99,6 +99,9 @@ class StageMemory:
     """Autocast weight copies: the forward (autocast cache)."""
     casts_backward_bytes: int = 0
     """Autocast weight copies alive in backward (saved by layers that were not checkpointed)."""
+    casts_last_layer_bytes: int = 0
+    """Autocast weight copies alive in the first layer's backward, the last the backward reaches: that
+    layer's own (every other layer's were freed with the tensors its backward used)."""
     unsharded: Unsharded = field(default_factory=Unsharded)
     """Parameter sharding's unsharded parameters, buffers and gradients, instant by instant (fsdp.py)."""
     dequant_bytes: int = 0

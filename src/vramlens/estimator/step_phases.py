@@ -276,7 +276,7 @@ def _last_layer(ctx: TrainingContext, mem: StageMemory, kept_to_end: int, embedd
         instant.quantity("the recomputed layer's tensors", _C.ACTIVATIONS, "recompute_bytes")
     _kept_outputs(instant, kept_to_end)
     instant.quantity("a layer's backward working set", _C.TEMPORARY, "working_bytes")
-    instant.quantity("autocast weight copies alive in backward", _C.TEMPORARY, "casts_backward_bytes")
+    instant.quantity("the first layer's autocast weight copies", _C.TEMPORARY, "casts_last_layer_bytes")
     instant.part("dequant_bytes")
     _unsharded(instant, mem.unsharded.last_layer, "in the first layer's backward")
     return "last layer of backward: the first layer's activations beside every other gradient", instant
