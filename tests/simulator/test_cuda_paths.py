@@ -36,6 +36,7 @@ def test_fp32_grouped_heads_keep_the_probabilities() -> None:
 def test_dropout_on_the_math_backend_keeps_a_mask_and_the_dropped_out_copy() -> None:
     """CUDA's math backend drops out the probabilities through ``native_dropout``: the 1-byte mask
     and the dropped-out fp32 copy are kept beside the softmax's output (simulator/_cuda_sdpa.py)."""
+
     def scores(**kwargs: object) -> list[tuple[int, ...]]:
         return [shape for shape in _saved_shapes(torch.float32, 2, enable_gqa=True, **kwargs) if shape[-2:] == (64, 64)]
 
