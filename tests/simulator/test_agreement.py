@@ -179,8 +179,7 @@ def test_prefill_working_memory_within_3_percent(model: str, variant: str) -> No
 # that attention (gpt-oss's eager s x (s+1) scores, sliding windows shorter than the sequence, NoPE
 # layers), routed experts and the head all weigh in the peak. gpt-oss runs eager attention (its
 # default: transformers refuses SDPA for its sinks). LoRA on the MoE families targets the attention
-# projections: PEFT's "all-linear" also wraps their 3-D expert parameters, which the estimator does not
-# model yet (docs/models.md says so).
+# projections; PEFT's "all-linear" on their 3-D experts is checked in tests/estimator/test_expert_lora.py.
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
 
