@@ -197,10 +197,10 @@ _FAMILY_VARIANTS = {
 _FAMILY_CASES = {
     "gpt_oss": ["bf16 s2048", "mixed+recompute s512", "lora bf16 s4096", "fp32 foreach s1024"],
     "gpt_oss-layer-types": ["bf16 s2048"],
-    "olmoe": ["bf16 s2048", "mixed+recompute s512", "lora-attention bf16 s4096"],
+    "olmoe": ["bf16 s2048", "mixed+recompute s512", "lora-attention bf16 s4096", "lora bf16 s4096"],
     "smollm3-nope-sliding": ["bf16 s2048", "mixed+recompute s512", "lora bf16 s4096"],
     "cohere2": ["bf16 s2048", "mixed+recompute s512", "lora bf16 s4096", "fp32 foreach s1024"],
-    "glm4_moe": ["bf16 s2048", "mixed+recompute s512", "lora-attention bf16 s4096"],
+    "glm4_moe": ["bf16 s2048", "mixed+recompute s512", "lora-attention bf16 s4096", "lora bf16 s4096"],
 }
 _FAMILY_FAST = {("gpt_oss", "bf16 s2048")}
 
