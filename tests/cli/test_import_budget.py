@@ -59,6 +59,7 @@ ALLOWED = frozenset(
         "vramlens.estimator.activations",
         "vramlens.estimator.eager_attention",
         "vramlens.estimator.autocast_casts",
+        "vramlens.estimator.expert_lora",
         "vramlens.estimator.embedding_grads",
         "vramlens.estimator.fsdp",
         "vramlens.estimator.zero3",

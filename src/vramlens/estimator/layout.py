@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 
 from vramlens.errors import InputError
+from vramlens.estimator.expert_lora import PEFT_MOVED_NAMES, expert_adapter_elements, wraps_experts
 from vramlens.estimator.lora_head import EMBED_NAMES, HEAD_NAMES, head_adapter_elements
 from vramlens.estimator.memo_keys import LayoutInputs
 from vramlens.estimator.qlora import unquantized_bytes
@@ -126,6 +127,8 @@ def lora_targets(ctx: TrainingContext) -> frozenset[str]:
                 "returns a tuple, and PEFT's LoRA forward fails; list the modules, e.g. "
                 "[q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]"
             )
+        if wraps_experts(ctx):  # PEFT moves these names to the experts' parameters (expert_lora.py)
+            names = {n for n in names if n.rsplit(".", 1)[-1] not in PEFT_MOVED_NAMES}
         return _check_peft(ctx, frozenset(names | tower))
     chosen = set()
     for target in targets:
@@ -179,6 +182,8 @@ def _layer_weights(ctx: TrainingContext, kind: LayerKind, targets: frozenset[str
     quant = effective_quant(ctx)
     rank = ctx.workload.lora.rank
     adapters = sum(rank * (s.in_features + s.out_features) for s in shapes if s.name in targets)
+    if moe_layer and wraps_experts(ctx):
+        adapters += expert_adapter_elements(spec, rank)
     if quant is Quant.NONE:
         return elements * ctx.frozen_bytes, 0, adapters, elements, largest
     # Weights only: biases stay unquantized, with the norms in ``rest``.

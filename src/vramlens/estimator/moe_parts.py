@@ -39,7 +39,10 @@ def moe_parts(recipe: LayerRecipe, input_bytes: int) -> list[Part]:
     h, k, e = spec.hidden_size, moe.experts_per_token, moe.num_experts
     i = moe.expert_intermediate_size
     c = recipe.moe_capacity
-    trained = recipe.train.norms  # experts train only in full fine-tuning (3-D parameters are not LoRA targets)
+    full = recipe.train.norms
+    # The experts' weights need gradients in full fine-tuning, and as PEFT's merged weights under
+    # all-linear LoRA (expert_lora.py): grouped_mm then keeps its inputs, the router its input.
+    trained = full or recipe.train.experts_adapted
     down_input = 1 if trained else 0
     if recipe.style.dense_experts:
         parts = dense_expert_parts(recipe)
@@ -65,7 +68,7 @@ def moe_parts(recipe: LayerRecipe, input_bytes: int) -> list[Part]:
             parts.append(Part(name="shared expert input", bytes_per_token=a * h, split=GATHERED))
     elif recipe.autocast and input_bytes != a:
         # Under autocast each linear reading the fp32 block input keeps its own bf16 cast.
-        readers = _input_readers(recipe, trained=trained)
+        readers = _input_readers(recipe, router=trained, gate=full)
         parts += [Part(name=f"{name} input (autocast cast)", bytes_per_token=a * h, split=GATHERED) for name in readers]
     elif trained or shared_inputs:
         # One tensor read by the router and the shared expert's projections.
@@ -118,13 +121,14 @@ def _router_part(recipe: LayerRecipe, k: int, e: int) -> Part:
     )
 
 
-def _input_readers(recipe: LayerRecipe, *, trained: bool) -> list[str]:
-    """The linears of an MoE block that keep its input: the router and the shared expert's
-    sigmoid gate when trained, and the shared expert's input projections that keep theirs."""
+def _input_readers(recipe: LayerRecipe, *, router: bool, gate: bool) -> list[str]:
+    """The linears of an MoE block that keep its input: the router when its weight needs a
+    gradient, the shared expert's sigmoid gate when trained (``gate``), and the shared expert's
+    input projections that keep theirs."""
     moe = recipe.spec.moe
     assert moe is not None
-    readers = ["router"] if trained else []
-    if moe.shared_expert_gate and trained:
+    readers = ["router"] if router else []
+    if moe.shared_expert_gate and gate:
         readers.append("shared expert gate")
     prefix = shared_expert_prefix(recipe.spec)
     readers += [

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from vramlens.categories import Category
 from vramlens.estimator.autocast_casts import autocast_casts
+from vramlens.estimator.expert_lora import expert_merges
 from vramlens.estimator.fsdp import Unsharded, fsdp_memory
 from vramlens.estimator.hook_step import hook_step
 from vramlens.estimator.layout import StageView, effective_quant, micro_batches_in_flight
@@ -258,6 +259,7 @@ def _static_transients(ctx: TrainingContext, mem: StageMemory) -> None:
     """The short-lived memory that depends on the model and the parallelism only: autocast casts,
     gathered shards, a dequantized weight, the optimizer step's temporaries."""
     autocast_casts(ctx, mem)
+    expert_merges(ctx, mem)
     _unsharded(ctx, mem)
     _dequantized(ctx, mem)
     _optimizer_temporaries(ctx, mem)

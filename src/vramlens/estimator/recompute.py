@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from vramlens.errors import InputError
 from vramlens.estimator.activations import ffn_saved_parts, layer_saved_parts
 from vramlens.estimator.eager_attention import eager_transients
+from vramlens.estimator.expert_lora import wraps_experts
 from vramlens.estimator.mixers import KERNEL_ASSUMPTION, STATE_MIXERS, mixer_after_scan_parts, mixer_backward_working
 from vramlens.estimator.qlora import adapter_inputs_shared, base_output_bytes
 from vramlens.estimator.saved_parts import GATHERED, HEADS, SEQUENCE, LayerRecipe, Part, TrainState
@@ -26,7 +27,6 @@ from vramlens.resolve.kbit import kbit_prepared
 from vramlens.resolve.kernels import liger_layers
 from vramlens.resolve.styles import hf_style
 from vramlens.workload.options import AttentionImpl, Framework, Kernels, Method, Recompute
-from vramlens.workload.spec import ALL_LINEAR
 
 __all__ = [
     "LayerActivations",
@@ -60,6 +60,7 @@ def train_state(ctx: TrainingContext, targets: frozenset[str]) -> TrainState:
         lora_dropout=lora.dropout,
         adapter_bytes=4 if ctx.profile.adapters_fp32 else ctx.compute_bytes,
         adapter_input_copies=not shared,
+        experts_adapted=wraps_experts(ctx),
     )
 
 
@@ -212,12 +213,6 @@ def layer_activations(
 def _build_layer_activations(ctx: TrainingContext, state: TrainState, layer_range: range) -> LayerActivations:
     notes: list[str] = []
     recipe = layer_recipe(ctx, state, notes)
-    lora = ctx.method in (Method.LORA, Method.QLORA) and ctx.workload.lora.targets == ALL_LINEAR
-    if lora and ctx.spec.is_moe and recipe.style.peft_wraps_experts:
-        notes.append(
-            "lora.targets all-linear: PEFT also adapts this MoE model's 3-D expert weights (merged weights kept "
-            "for backward), which is not counted here: the estimate is low; list the targets to leave experts out"
-        )
     return _layer_activations(ctx, recipe, layer_range, notes)
 
 

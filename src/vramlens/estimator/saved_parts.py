@@ -71,6 +71,10 @@ class TrainState:
     lora_rank: int = 0
     lora_dropout: float = 0.0
     adapter_bytes: int = 4
+    experts_adapted: bool = False
+    """PEFT's ``ParamWrapper`` adapts the MoE router weight and the 3-D experts (all-linear LoRA,
+    :mod:`vramlens.estimator.expert_lora`): their merged weights need gradients, so the router and
+    the experts' grouped matmuls keep their inputs as in full fine-tuning."""
     adapter_input_copies: bool = True
     """Each adapter keeps its own copy of its input (PEFT casts it to the adapter dtype). False
     for PEFT's bitsandbytes 4-bit layers under autocast (:mod:`vramlens.estimator.qlora`): the

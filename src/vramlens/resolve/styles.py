@@ -94,10 +94,13 @@ class HfStyle:
     router_topk_first: bool = False
     """The MoE router takes the top-k of its logits and softmaxes only those, in the compute dtype
     (gpt-oss ``GptOssTopKRouter``): no expert-wide fp32 probabilities are kept."""
-    peft_wraps_experts: bool = True
-    """PEFT's ``target_modules="all-linear"`` (0.21) also adapts the MoE experts' 3-D parameters
-    (ParamWrapper), which the estimate does not model (checked for OLMoE, Mixtral, Qwen3-MoE and
-    GLM-4.5; not gpt-oss, whose experts PEFT leaves alone)."""
+    peft_wraps_experts: bool = False
+    """PEFT's ``target_modules="all-linear"`` (0.21) also adapts the MoE router weight and 3-D
+    experts (``ParamWrapper``; :mod:`vramlens.estimator.expert_lora`): the families whose v4
+    checkpoints PEFT converts (``peft/utils/transformers_weight_conversion.py``
+    ``_MODEL_TO_CONVERSION_PATTERN`` to a pattern of ``_MOE_TARGET_MODULE_MAPPING``; checked against
+    it by ``tests/estimator/test_expert_lora.py``). Not Qwen2-MoE, Qwen3-VL-MoE, gpt-oss, Llama 4,
+    Jamba, Nemotron-H or Granite-MoE-hybrid, whose experts PEFT leaves alone."""
     gpu_kernel: str = "flash-attention 2 (soft-capping in the kernel)"
     """What ``attention: flash`` runs for a family without SDPA (its class's flash path)."""
     dense_experts: bool = False
@@ -128,14 +131,14 @@ class HfStyle:
 HF_STYLES: Final[dict[str, HfStyle]] = {
     "llama": HfStyle(),
     "mistral": HfStyle(),
-    "mixtral": HfStyle(),
+    "mixtral": HfStyle(peft_wraps_experts=True),
     "qwen2": HfStyle(),
     "qwen2_moe": HfStyle(),
     "qwen3": HfStyle(),
-    "qwen3_moe": HfStyle(),
+    "qwen3_moe": HfStyle(peft_wraps_experts=True),
     "phi3": HfStyle(out_proj_copy=True),
-    "deepseek_v2": HfStyle(router_fp32=True),
-    "deepseek_v3": HfStyle(router_fp32=True),
+    "deepseek_v2": HfStyle(router_fp32=True, peft_wraps_experts=True),
+    "deepseek_v3": HfStyle(router_fp32=True, peft_wraps_experts=True),
     "olmo2": HfStyle(
         norm=NormStyle.RMS_FP32_WEIGHT,
         pre_attn_norm=False,
@@ -169,16 +172,15 @@ HF_STYLES: Final[dict[str, HfStyle]] = {
         eager_softmax_fp32=False,
         sdpa=False,
         router_topk_first=True,
-        peft_wraps_experts=False,
         gpu_kernel="flash-attention 3 with sinks (kernels-community/vllm-flash-attn3, which transformers "
         "substitutes for flash_attention_2 on gpt-oss)",
     ),
-    "olmoe": HfStyle(),
+    "olmoe": HfStyle(peft_wraps_experts=True),
     "smollm3": HfStyle(),
     "cohere2": HfStyle(norm=NormStyle.COHERE, pre_mlp_norm=False, rope_fp32=True),
     # Glm4Moe's rotary concatenates the rotated and passed-through halves (torch.cat), so queries are
     # contiguous (b, heads, s, d); SDPA's output follows the query layout and the transpose before o_proj copies.
-    "glm4_moe": HfStyle(router_fp32=True, out_proj_copy=True),
+    "glm4_moe": HfStyle(router_fp32=True, out_proj_copy=True, peft_wraps_experts=True),
     # Multimodal wrappers keep their text decoder's style (the vision side computes nothing on text batches).
     # Llama4TextDecoderLayer keeps its attention output (``attention_states``) through the MLP.
     "llama4_text": HfStyle(
@@ -190,7 +192,7 @@ HF_STYLES: Final[dict[str, HfStyle]] = {
     "qwen3_vl_moe": HfStyle(training_cache=True),
     "mistral3": HfStyle(),
     "ministral3": HfStyle(),
-    "qwen3_next": HfStyle(norm=NormStyle.GEMMA, out_proj_copy=True),
+    "qwen3_next": HfStyle(norm=NormStyle.GEMMA, out_proj_copy=True, peft_wraps_experts=True),
     "jamba": HfStyle(),
     "falcon_h1": HfStyle(),
     "nemotron_h": HfStyle(norm=NormStyle.RMS_FP32_WEIGHT, router_fp32=True, logits_fp32=True),
