@@ -48,3 +48,13 @@ def test_the_copies_are_the_linears_and_the_head(model: str) -> None:
 def test_without_autocast_there_are_no_copies() -> None:
     _, mem = _memory("llama-3.2-1b", precision="bf16")
     assert mem.casts_bytes == mem.casts_last_layer_bytes == 0  # type: ignore[attr-defined]
+
+
+def test_the_routed_experts_are_not_cast() -> None:
+    """transformers 5 runs the routed experts' 3-D weights through ``grouped_mm``, on no autocast
+    list: a Qwen3-30B-A3B layer's copies are its attention projections and its router."""
+    spec, mem = _memory("qwen3-30b-a3b")
+    attention = sum(s.in_features * s.out_features for s in layer_linears(spec, spec.layers[0].kind_at(512)))
+    router = spec.moe.num_experts * spec.hidden_size  # type: ignore[union-attr]
+    qk_norms = 2 * spec.head_dim  # trained, not cast, still counted (0.003% of the layer's copies)
+    assert mem.casts_last_layer_bytes == 2 * (attention + router + qk_norms)  # type: ignore[attr-defined]

@@ -138,8 +138,9 @@ def test_math_backend_layers_within_1_percent(case: str) -> None:
 
 #: Full fine-tuning in mixed precision, 7-8B models: the backward's peak is at its start (every
 #: autocast copy alive); in the first layer's backward only that layer's copies are left. Counted
-#: alive there (and the input embedding counted as cast), the estimate was 8-10% above the simulation.
-_FULL_MIXED = ["llama-3.1-8b", "qwen2.5-7b", "mistral-7b"]
+#: alive there (and the input embedding counted as cast), the estimate was 8-10% above the simulation
+#: (and Qwen3-30B-A3B's forward 14%: its routed experts, which grouped_mm runs in fp32, counted as cast).
+_FULL_MIXED = ["llama-3.1-8b", "qwen2.5-7b", "mistral-7b", "qwen3-30b-a3b"]  # MoE: the 3-D experts are not cast
 
 
 @pytest.mark.parametrize("model", _FULL_MIXED)

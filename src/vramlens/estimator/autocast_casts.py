@@ -10,7 +10,8 @@ from __future__ import annotations
 from vramlens.categories import Category
 from vramlens.estimator.layout import StageView
 from vramlens.estimator.stage_memory import StageMemory
-from vramlens.model.params import norm_parameters
+from vramlens.model.params import ffn_parameters, norm_parameters
+from vramlens.model.spec import FfnKind
 from vramlens.resolve.context import TrainingContext
 from vramlens.resolve.derived import checkpointed_layers
 from vramlens.workload.options import Recompute
@@ -42,14 +43,16 @@ def _cast_elements(ctx: TrainingContext, stage: StageView) -> tuple[int, int]:
     """(elements of the stage's layer weights autocast casts, of the head's): the matmuls' weights
     and biases (``F.linear`` is on autocast's lower-precision list). Not the norms' weights (an
     elementwise product keeps their dtype) nor the input embedding (``F.embedding`` is on no list:
-    a lookup in the fp32 table); the LM head's weight is cast where the head runs (the tied table
-    too: once, as the head's weight)."""
-    spec = ctx.spec
-    table = spec.vocab_size * spec.hidden_size // ctx.workload.parallel.tp
+    a lookup in the fp32 table) nor the routed experts' 3-D weights (``grouped_mm`` is on no list
+    either: fp32 experts compute in fp32, :func:`vramlens.estimator.moe_parts.expert_bytes`); the LM
+    head's weight is cast where the head runs (the tied table too: once, as the head's weight)."""
+    spec, parallel = ctx.spec, ctx.workload.parallel
+    table = spec.vocab_size * spec.hidden_size // parallel.tp
     tables = stage.first + (stage.last and not (spec.tie_word_embeddings and stage.first))  # trained tables
     final_norm = norm_parameters(spec.norm, spec.hidden_size) if stage.last else 0
     norms = stage.layers * spec.norms_per_layer * norm_parameters(spec.norm, spec.hidden_size)
-    layers = stage.trainable_elements - tables * table - final_norm - norms
+    experts = ffn_parameters(spec, FfnKind.MOE)["moe_experts"] // (parallel.ep * parallel.tp) if spec.is_moe else 0
+    layers = stage.trainable_elements - tables * table - final_norm - norms - stage.moe_layers * experts
     return max(0, layers), table if stage.last else 0
 
 

@@ -146,3 +146,5 @@ def expert_merges(ctx: TrainingContext, mem: StageMemory) -> None:
     recomputed = one if ctx.workload.recompute in (Recompute.FULL, Recompute.OFFLOAD) else 0.0
     mem.casts_backward_bytes += int(kept * one + recomputed)
     mem.formulas["casts_backward_bytes"] = lambda: f"merged expert weights of {kept:g} layers + a recomputed layer's"
+    if ctx.spec.layers[stage.layer_range[0]].moe:  # the first layer's, in its backward (the others' are freed)
+        mem.casts_last_layer_bytes += int(one)
