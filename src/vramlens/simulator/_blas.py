@@ -13,15 +13,17 @@ output of that operator (``at::mm`` allocates its result, then asks for the hand
 of the step's address space: with expandable segments it splits the free range the logits leave,
 and later vocabulary-sized requests map new pages instead.
 
-A fake-tensor run makes no workspace; :class:`BackwardBlasWatch` notes the tracker's event count
-right after the first cuBLAS operator of the backward, where the report's replay puts it
-(:mod:`vramlens.simulator.report`).
+A fake-tensor run makes no workspace; :class:`BackwardBlasWatch`, entered inside the tracker for
+the whole run, notes the tracker's event count right after the first cuBLAS operator run by a
+backward (an autograd graph task is running: ``torch._C._current_graph_task_id()``), where the
+report's replay puts it (:mod:`vramlens.simulator.report`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = ["BLAS_OPERATORS", "BackwardBlasWatch"]
@@ -36,9 +38,9 @@ BLAS_OPERATORS = frozenset(
 
 
 class BackwardBlasWatch(TorchDispatchMode):
-    """A dispatch mode entered around ``loss.backward()`` (inside the tracker's): ``event`` becomes
-    the tracker's event count right after the first cuBLAS operator it sees (-1: none yet), the
-    index at which the backward thread's workspace is allocated."""
+    """A dispatch mode entered inside the tracker's: ``event`` becomes the tracker's event count right
+    after the first cuBLAS operator a backward runs (-1: none yet), the index at which the autograd
+    thread's workspace is allocated."""
 
     def __init__(self, tracker: Any) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
@@ -47,6 +49,6 @@ class BackwardBlasWatch(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        if self.event < 0 and func.overloadpacket.__name__ in BLAS_OPERATORS:
+        if self.event < 0 and func.overloadpacket.__name__ in BLAS_OPERATORS and torch._C._current_graph_task_id() >= 0:
             self.event = self.tracker.event_count
         return out

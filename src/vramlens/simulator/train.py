@@ -231,31 +231,28 @@ def _simulate(
         amp = torch.autocast("cpu", dtype=torch_dtype(workload.precision, 2)) if ctx.autocast else None
         start = 0
         watch = BackwardBlasWatch(tracker)
-        with tracker:
+        with tracker, watch:
             for _ in range(steps):
                 start = tracker.event_count
                 for index in range(workload.grad_accum):
                     with gradient_sync(model, plan, last=index == workload.grad_accum - 1):
-                        _micro_step(model, ids, amp, watch)
+                        _micro_step(model, ids, amp)
                 step()
     return TrainingRun(
         timeline=tracker.timeline(), last_step_start=start, notes=tuple(notes), backward_blas_event=watch.event
     )
 
 
-def _micro_step(model: Any, ids: Any, amp: Any, watch: Any) -> None:
+def _micro_step(model: Any, ids: Any, amp: Any) -> None:
     """One forward and backward. The model's outputs (the logits) stay alive through
     ``backward``, as in ``out = model(**batch); out.loss.backward()``: the hf profile's
     ``keeps_logits``, which the estimator uses too (HF Trainer's ``compute_loss``, which
-    returns the loss alone, frees them first; see FrameworkProfile.keeps_logits). ``watch``
-    (:class:`~vramlens.simulator._blas.BackwardBlasWatch`) looks at the backward until it has seen
-    its first cuBLAS operator."""
+    returns the loss alone, frees them first; see FrameworkProfile.keeps_logits)."""
     with amp if amp is not None else contextlib.nullcontext():
         out = model(input_ids=ids, labels=ids)
     if amp is not None:
         out["logits"] = out["logits"].float()  # accelerate's convert_outputs_to_fp32
-    with watch if watch.event < 0 else contextlib.nullcontext():
-        out.loss.backward()
+    out.loss.backward()
     del out
 
 
