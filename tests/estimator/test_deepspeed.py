@@ -26,7 +26,7 @@ import pytest
 
 from conftest import requires_hf
 from vramlens.estimator import estimate
-from vramlens.estimator.runtime import CUBLAS_WORKSPACE_BYTES
+from vramlens.estimator.runtime import TRAINING_CUBLAS_BYTES
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -81,7 +81,7 @@ def _estimate(stage: int, zero: dict[str, int], checkpointed: bool = False) -> i
         "recompute": "full" if checkpointed else "none",
         "parallel": {"gpus": _RANKS, "shard": f"zero{stage}", **zero},
     }
-    return estimate(workload).allocated_bytes - CUBLAS_WORKSPACE_BYTES
+    return estimate(workload).allocated_bytes - TRAINING_CUBLAS_BYTES
 
 
 @pytest.mark.parametrize("case", range(len(_CASES)), ids=_IDS)

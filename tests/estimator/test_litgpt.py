@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 
 from vramlens.estimator import estimate
-from vramlens.estimator.runtime import CUBLAS_WORKSPACE_BYTES
+from vramlens.estimator.runtime import TRAINING_CUBLAS_BYTES
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -163,7 +163,7 @@ def test_litgpt_lora_step_peak_matches_the_estimate() -> None:
 
     run = LitgptRun(batch=2, seq=128)
     measured = measure_litgpt(run)
-    estimated = estimate(run.workload()).allocated_bytes - CUBLAS_WORKSPACE_BYTES  # CUDA only
+    estimated = estimate(run.workload()).allocated_bytes - TRAINING_CUBLAS_BYTES  # CUDA only
     assert estimated == pytest.approx(measured, rel=0.03), f"estimate / tracked = {estimated / measured:.4f}"
 
 
@@ -201,5 +201,5 @@ def test_litgpt_fsdp_on_two_cpu_processes_matches_the_estimate(batch: int, seq: 
         "parallel": {"gpus": 2, "shard": "fsdp"},
         "recompute": "full",
     }
-    estimated = estimate(workload).allocated_bytes - CUBLAS_WORKSPACE_BYTES  # CUDA only
+    estimated = estimate(workload).allocated_bytes - TRAINING_CUBLAS_BYTES  # CUDA only
     assert estimated == pytest.approx(peaks[0], rel=0.03), f"estimate / tracked = {estimated / peaks[0]:.4f}"

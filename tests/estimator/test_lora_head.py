@@ -14,7 +14,7 @@ from vramlens.errors import InputError
 from vramlens.estimator import estimate
 from vramlens.estimator.lora_head import LoraHead, head_adapter_elements, lora_head, with_head_script
 from vramlens.estimator.loss_pattern import LossScript
-from vramlens.estimator.runtime import CUBLAS_WORKSPACE_BYTES
+from vramlens.estimator.runtime import TRAINING_CUBLAS_BYTES
 from vramlens.result.report import MemoryReport
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -184,7 +184,7 @@ def test_the_head_adapter_matches_a_tracked_peft_run(precision: str) -> None:
     for targets in (("q_proj", "v_proj", "lm_head"), ("q_proj", "v_proj")):
         step = Step(method="lora", targets=targets, precision=precision, batch=2, seq=64)
         report = estimate(step.workload())
-        estimated = {phase.name: phase.allocated_bytes - CUBLAS_WORKSPACE_BYTES for phase in report.phases}
+        estimated = {phase.name: phase.allocated_bytes - TRAINING_CUBLAS_BYTES for phase in report.phases}
         runs[targets] = (measure_phases(step), estimated)
     (measured, estimated), (measured_without, estimated_without) = runs.values()
     for phase, value in measured.items():

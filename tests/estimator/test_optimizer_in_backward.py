@@ -20,7 +20,7 @@ import pytest
 
 from conftest import requires_hf
 from vramlens.estimator import estimate
-from vramlens.estimator.runtime import CUBLAS_WORKSPACE_BYTES
+from vramlens.estimator.runtime import TRAINING_CUBLAS_BYTES
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -56,7 +56,7 @@ def _phases(fields: dict) -> tuple[dict[str, int], dict[str, int]]:
     step = Step(**{**_FEW_TOKENS, **fields})
     measured = measure_phases(step)
     report = estimate(step.workload())
-    estimated = {phase.name: phase.allocated_bytes - CUBLAS_WORKSPACE_BYTES for phase in report.phases}
+    estimated = {phase.name: phase.allocated_bytes - TRAINING_CUBLAS_BYTES for phase in report.phases}
     return measured, estimated
 
 

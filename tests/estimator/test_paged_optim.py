@@ -59,7 +59,7 @@ def test_paged_state_is_outside_the_tracked_peak_and_the_estimate_agrees(name: s
     from hf_trainer import TrainerRun, measure_trainer
 
     from vramlens.estimator import estimate
-    from vramlens.estimator.runtime import CUBLAS_WORKSPACE_BYTES
+    from vramlens.estimator.runtime import TRAINING_CUBLAS_BYTES
 
     run = TrainerRun(**_RUNS[name])  # type: ignore[arg-type]
     with cuda_paging() as paged:
@@ -67,5 +67,5 @@ def test_paged_state_is_outside_the_tracked_peak_and_the_estimate_agrees(name: s
     report = estimate(run.workload())
     assert report.runtime.get("paged_optimizer_state", 0) == sum(buffer.nbytes for buffer in paged)
     kept_outputs = run.batch * run.seq * report.workload.model.vocab_size * 4  # type: ignore[union-attr]
-    estimated = report.allocated_bytes - CUBLAS_WORKSPACE_BYTES - kept_outputs
+    estimated = report.allocated_bytes - TRAINING_CUBLAS_BYTES - kept_outputs
     assert estimated == pytest.approx(measured, rel=0.03), f"estimate / tracked = {estimated / measured:.4f}"

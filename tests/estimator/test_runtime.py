@@ -107,9 +107,10 @@ def test_levels_on_eight_gpus() -> None:
     assert dict(report.runtime) == {"cuda_context": 758 * _MIB, "nccl": 688 * _MIB}
 
 
-def test_cublas_workspace_is_allocated_in_every_phase() -> None:
+def test_cublas_workspaces_are_allocated_in_every_phase() -> None:
+    """The main thread's and the autograd thread's (``simulator/_blas.py``), 32 MiB each on Hopper."""
     for phase in _report().phases:
-        assert phase.breakdown[Category.OTHER] == 32 * _MIB
+        assert phase.breakdown[Category.OTHER] == 2 * 32 * _MIB
 
 
 def test_paged_optimizer_state_is_above_reserved() -> None:

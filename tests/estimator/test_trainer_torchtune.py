@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 
 from vramlens.estimator import estimate
-from vramlens.estimator.runtime import CUBLAS_WORKSPACE_BYTES
+from vramlens.estimator.runtime import TRAINING_CUBLAS_BYTES
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -86,7 +86,7 @@ def test_torchtune_recipe_peak_matches_the_estimate(name: str) -> None:
 
     run = TorchtuneRun(**_RUNS[name])
     measured = measure_torchtune(run)
-    estimated = estimate(run.workload()).allocated_bytes - CUBLAS_WORKSPACE_BYTES
+    estimated = estimate(run.workload()).allocated_bytes - TRAINING_CUBLAS_BYTES
     assert estimated == pytest.approx(measured, rel=0.03), f"estimate / tracked = {estimated / measured:.4f}"
 
 
@@ -100,7 +100,7 @@ def test_lora_on_the_output_projection_costs_what_the_estimate_adds() -> None:
     for output in (False, True):
         run = TorchtuneRun(method="lora", lora_output=output)
         peaks.append(measure_torchtune(run))
-        estimates.append(estimate(run.workload()).allocated_bytes - CUBLAS_WORKSPACE_BYTES)
+        estimates.append(estimate(run.workload()).allocated_bytes - TRAINING_CUBLAS_BYTES)
     assert estimates[1] == pytest.approx(peaks[1], rel=0.03), f"estimate / tracked = {estimates[1] / peaks[1]:.4f}"
     assert estimates[1] - estimates[0] == pytest.approx(peaks[1] - peaks[0], rel=0.03)
 

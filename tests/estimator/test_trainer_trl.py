@@ -26,7 +26,7 @@ import pytest
 from conftest import requires_hf
 from vramlens.categories import Category
 from vramlens.estimator import estimate
-from vramlens.estimator.runtime import CUBLAS_WORKSPACE_BYTES
+from vramlens.estimator.runtime import TRAINING_CUBLAS_BYTES
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -65,7 +65,7 @@ def test_trl_trainer_peak_matches_the_estimate(name: str) -> None:
     run = TrlRun(**_RUNS[name])  # type: ignore[arg-type]
     measured = measure_trl(run)
     report = estimate(run.workload())
-    estimated = report.allocated_bytes - CUBLAS_WORKSPACE_BYTES  # a CUDA allocation the CPU run has not got
+    estimated = report.allocated_bytes - TRAINING_CUBLAS_BYTES  # CUDA allocations the CPU run has not got
     if run.trainer == "dpo" and run.method == "full":
         estimated += report.peak.breakdown[Category.PARAMETERS]  # the reference model's frozen copy
     assert estimated == pytest.approx(measured, rel=0.03), f"estimate / tracked = {estimated / measured:.4f}"

@@ -24,6 +24,7 @@ from vramlens.estimator import estimate
 from vramlens.estimator.runtime import CUBLAS_WORKSPACE_BYTES
 from vramlens.result.timeline import CATEGORY_ORDER, Timeline
 from vramlens.simulator import SimulationError, simulate
+from vramlens.simulator.report import BACKWARD_WORKSPACE_EVENT
 
 pytestmark = [requires_hf, pytest.mark.hf]
 
@@ -333,8 +334,10 @@ def test_collective_buffers_are_made_on_fsdp2s_streams() -> None:
     assert gathered == {ranks * sharded(unit, ranks) * 2 for unit in units}
     assert reduced == {sharded(unit, ranks) * 2 for unit in units}
     # the report's reserved is the replay with those streams, and it holds more than one shared pool
-    sizes = np.concatenate([[CUBLAS_WORKSPACE_BYTES], timeline.nbytes])
-    keys = np.concatenate([[-1], timeline.storage])
-    streams = np.concatenate([[0], timeline.stream])
+    # (the cuBLAS workspaces: the main thread's first, the autograd thread's after the backward's first matmul)
+    where = [0, timeline.metadata[BACKWARD_WORKSPACE_EVENT]]
+    sizes = np.insert(timeline.nbytes, where, CUBLAS_WORKSPACE_BYTES)
+    keys = np.insert(timeline.storage, where, [-1, -2])
+    streams = np.insert(timeline.stream, where, 0)
     assert report.reserved_bytes == replay(sizes, keys, streams).peak_reserved_bytes
     assert report.reserved_bytes > replay(sizes, keys).peak_reserved_bytes

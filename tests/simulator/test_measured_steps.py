@@ -2,10 +2,11 @@
 ``benchmarks/gpu_truth.py``): each run is simulated again (fake tensors on the CPU) and compared
 with ``torch.cuda.max_memory_allocated`` / ``max_memory_reserved`` of the same step.
 
-On the H200 battery of 2026-11-27 the simulation was within 1.2% of allocated on every training run
-and within 1.3% of reserved but for the one full fine-tune under ``expandable_segments`` (-4.4%),
-once fp32 SDPA with grouped KV heads ran the math backend as CUDA does (QLoRA without autocast: it
-was 42% and 27% under before). Bounds: allocated 2%, reserved 5%. ``generate`` runs are left out:
+On the H200 battery of 2026-11-27 the simulation is within 1.1% of allocated and 1.4% of reserved on
+every training run, once fp32 SDPA with grouped KV heads ran the math backend as CUDA does (QLoRA
+without autocast: it was 42% and 27% under before) and the autograd thread's own cuBLAS workspace
+was counted (``simulator/_blas.py``: the full fine-tune under ``expandable_segments`` was -4.4% of
+reserved without it, issue 20). Bounds: allocated 2%, reserved 2%. ``generate`` runs are left out:
 their reserved figure holds a segment the battery's load left cached
 (``tests/estimator/test_measured.py``)."""
 
@@ -40,4 +41,4 @@ def test_simulated_step_against_the_measured_one(name: str, record: dict) -> Non
     report = simulate(record["workload"])
     measured = record["measured"]
     assert report.allocated_bytes == pytest.approx(measured["max_allocated_bytes"], rel=0.02)
-    assert report.reserved_bytes == pytest.approx(measured["max_reserved_bytes"], rel=0.05)
+    assert report.reserved_bytes == pytest.approx(measured["max_reserved_bytes"], rel=0.02)

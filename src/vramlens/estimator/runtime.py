@@ -57,6 +57,7 @@ __all__ = [
     "NCCL_RING_BYTES",
     "RUNTIME_CONSTANTS",
     "RuntimeConstant",
+    "TRAINING_CUBLAS_BYTES",
     "communicators",
     "runtime_parts",
     "runtime_terms",
@@ -128,6 +129,10 @@ NCCL_PAIR_BYTES: Final = RUNTIME_CONSTANTS["nccl_pair"].bytes
 NCCL_RING_BYTES: Final = RUNTIME_CONSTANTS["nccl_ring"].bytes
 NCCL_ALL_TO_ALL_BYTES: Final = RUNTIME_CONSTANTS["nccl_all_to_all"].bytes
 CUBLAS_WORKSPACE_BYTES: Final = RUNTIME_CONSTANTS["cublas_workspace"].bytes
+#: cuBLAS workspace bytes a training step holds: the main thread's and, from the first backward's
+#: first matmul on, the autograd engine's device thread's (its own handle; one workspace per handle
+#: and stream: CublasHandlePool.cpp; two 32 MiB blocks in every training snapshot of the H200 battery).
+TRAINING_CUBLAS_BYTES: Final = 2 * CUBLAS_WORKSPACE_BYTES
 #: The cuBLAS workspace's term formula.
 CUBLAS_FORMULA: Final = "32 MiB: CUBLAS_WORKSPACE_CONFIG :4096:8 on sm90, one handle and stream (CublasHandlePool.cpp)"
 

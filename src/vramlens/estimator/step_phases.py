@@ -89,7 +89,9 @@ class _Instant:
         return PhaseMemory.of_terms(name, note, self.terms())
 
 
-#: The cuBLAS workspace's term (the same at every instant).
+#: The cuBLAS workspaces' terms (the same at every instant of a steady step): the main thread's, and
+#: the autograd engine's device thread's, made by the first backward's first matmul (one workspace
+#: per cuBLAS handle and stream, handles per thread: CublasHandlePool.cpp; :mod:`vramlens.simulator._blas`).
 _CUBLAS = [
     Term(
         name="cuBLAS workspace (from the caching allocator)",
@@ -97,7 +99,14 @@ _CUBLAS = [
         bytes=CUBLAS_WORKSPACE_BYTES,
         explain=CUBLAS_FORMULA,
         alive="from the first matmul on",
-    )
+    ),
+    Term(
+        name="cuBLAS workspace of the autograd thread (from the caching allocator)",
+        category=_C.OTHER,
+        bytes=CUBLAS_WORKSPACE_BYTES,
+        explain=f"{CUBLAS_FORMULA}; backward runs on the autograd engine's device thread, with its own handle",
+        alive="from the first backward's first matmul on",
+    ),
 ]
 
 
@@ -109,7 +118,7 @@ def _base(mem: StageMemory, alive: str) -> _Instant:
         instant = _Instant(mem, alive)
         instant.parts("params_bytes", "states_bytes")
         instant.pieces.append(_CUBLAS)
-        instant.total_bytes += CUBLAS_WORKSPACE_BYTES
+        instant.total_bytes += sum(term.bytes for term in _CUBLAS)
         known = (cast("tuple[Summed | list[Term], ...]", tuple(instant.pieces)), instant.total_bytes)
         mem.derived[_BASE] = known
     return _Instant(mem, alive, known[0], known[1])

@@ -3,8 +3,9 @@
 Both take the run's workload (:meth:`~vramlens.experiments.matrix.RunSpec.workload`). Two
 adjustments make them comparable with what the run measures:
 
-* on CPU the cuBLAS workspace (``CUBLAS_WORKSPACE_BYTES``, which both engines add for a CUDA
-  device) does not exist, so it is taken off;
+* on CPU the cuBLAS workspaces (``CUBLAS_WORKSPACE_BYTES`` each, the main thread's and the
+  autograd thread's, which both engines add to a training run on a CUDA device) do not exist, so
+  they are taken off;
 * ``memory-budget=X`` is not a workload key: torch's partitioner picks what to recompute so
   that the saved activations are about X of what the default compile keeps (0 is
   "recompute everything in the graph"). The estimate interpolates linearly between the
@@ -38,10 +39,11 @@ class Prediction:
 
 
 def _device_adjustment(spec: RunSpec) -> int:
-    """Bytes a CUDA-shaped report holds that the run's device does not (the cuBLAS workspace on CPU)."""
+    """Bytes a CUDA-shaped report holds that the run's device does not (on CPU: the two cuBLAS
+    workspaces of a training run, the main thread's and the autograd thread's)."""
     from vramlens.estimator.runtime import CUBLAS_WORKSPACE_BYTES
 
-    return CUBLAS_WORKSPACE_BYTES if spec.device == "cpu" else 0
+    return 2 * CUBLAS_WORKSPACE_BYTES if spec.device == "cpu" else 0
 
 
 def _estimate(spec: RunSpec, workload: dict[str, Any]) -> int:
@@ -81,7 +83,7 @@ def predict_run(spec: RunSpec, *, simulate: bool = True) -> Prediction:
     adjust = _device_adjustment(spec)
     notes: list[str] = []
     if adjust:
-        notes.append("cpu: the cuBLAS workspace the engines count for CUDA is left out")
+        notes.append("cpu: the cuBLAS workspaces the engines count for CUDA are left out")
     if spec.memory_budget is not None:
         notes.append(f"memory-budget {spec.memory_budget:g}: interpolated between compiled recompute none and full")
     try:

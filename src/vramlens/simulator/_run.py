@@ -19,7 +19,7 @@ from vramlens.model.spec import ModelSpec
 from vramlens.result.report import MemoryReport
 from vramlens.simulator._guard import DEFAULT_TIMEOUT_S, deadline, failure_message
 from vramlens.simulator.build import SimulationError, real_code_paths
-from vramlens.simulator.report import simulation_report
+from vramlens.simulator.report import BACKWARD_WORKSPACE_EVENT, simulation_report
 from vramlens.workload.spec import Workload
 
 if TYPE_CHECKING:
@@ -92,7 +92,11 @@ def _training(
     ctx = resolve_training(spec, workload)
     run = simulate_training(ctx, steps=steps, fake_mode=fake_mode, tracker=tracker, replay=replay)
     notes = [*ctx.assumptions, *run.notes, f"{steps} training steps simulated; the last one is reported"]
-    return run.timeline, run.last_step_start, notes
+    timeline = run.timeline
+    if run.backward_blas_event >= 0:
+        metadata = {**timeline.metadata, BACKWARD_WORKSPACE_EVENT: run.backward_blas_event}
+        timeline = dataclasses.replace(timeline, metadata=metadata)
+    return timeline, run.last_step_start, notes
 
 
 def _inference(spec: ModelSpec, workload: Workload, gpu: GpuSpec | None, fake_mode: Any, tracker: Any) -> list[str]:

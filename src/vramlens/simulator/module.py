@@ -35,7 +35,7 @@ from vramlens.hardware import GpuSpec, resolve_gpu
 from vramlens.result.report import MemoryReport
 from vramlens.simulator._guard import DEFAULT_TIMEOUT_S, check_timeout, deadline, failure_message
 from vramlens.simulator.build import SimulationError, cuda_code_paths, real_code_paths
-from vramlens.simulator.report import simulation_report
+from vramlens.simulator.report import BACKWARD_WORKSPACE_EVENT, simulation_report
 from vramlens.units import format_bytes, format_count
 
 if TYPE_CHECKING:
@@ -60,6 +60,8 @@ class _Run:
     optimizer: str | None
     input_bytes: int
     last_step_start: int
+    backward_blas_event: int = -1
+    """Where the autograd thread's cuBLAS workspace is made (:mod:`vramlens.simulator._blas`; -1: none)."""
 
 
 def simulate_module(
@@ -131,7 +133,10 @@ def _report(
 ) -> MemoryReport:
     """The report of the run: phases of the last step, the three levels, what ran (as the workload dict)."""
     title = name or run.model_class
-    timeline = tracker.timeline({"engine": "simulate", "model": title, "device": "fake cpu"})
+    metadata: dict[str, Any] = {"engine": "simulate", "model": title, "device": "fake cpu"}
+    if run.backward_blas_event >= 0:
+        metadata[BACKWARD_WORKSPACE_EVENT] = run.backward_blas_event
+    timeline = tracker.timeline(metadata)
     measured = {timeline.phases[code] for code in set(timeline.phase[run.last_step_start :].tolist()) if code >= 0}
     if not measured & set(_PHASES):
         raise SimulationError(
@@ -208,12 +213,12 @@ def _run(
         with _stage("inputs", f"inputs() of {label}"), fake_mode:
             batch = inputs()
         tracker.register(batch, Category.INPUTS)
-    start = _steps(step, model, made, batch, steps=steps, label=label, fake_mode=fake_mode, tracker=tracker)
+    start, blas = _steps(step, model, made, batch, steps=steps, label=label, fake_mode=fake_mode, tracker=tracker)
     return _Run(
         model_class=type(model).__name__, parameters=sum(p.numel() for p in model.parameters()),
         parameter_bytes=_tensor_bytes(list(model.parameters())), trainable=sum(p.numel() for p in trainable),
         optimizer=type(made).__name__ if made is not None else None, input_bytes=_tensor_bytes(batch),
-        last_step_start=start,
+        last_step_start=start, backward_blas_event=blas,
     )  # fmt: skip
 
 
@@ -227,10 +232,14 @@ def _steps(
     label: str,
     fake_mode: Any,
     tracker: Any,
-) -> int:
-    """Run ``step(model, made, batch)`` ``steps`` times under the fake mode and the tracker;
-    returns the index of the first event of the last run."""
+) -> tuple[int, int]:
+    """Run ``step(model, made, batch)`` ``steps`` times under the fake mode and the tracker; returns
+    the index of the first event of the last run and where the autograd thread's cuBLAS workspace
+    is made (:class:`~vramlens.simulator._blas.BackwardBlasWatch`; -1: no backward ran a matmul)."""
+    from vramlens.simulator._blas import BackwardBlasWatch
+
     start = 0
+    watch = BackwardBlasWatch(tracker)
     with contextlib.ExitStack() as stack:
         stack.enter_context(fake_mode)
         if "transformers.masking_utils" in sys.modules:  # a transformers model: take its real-input branch
@@ -238,11 +247,12 @@ def _steps(
         else:  # dropout as CUDA runs it (real_code_paths does this too)
             stack.enter_context(cuda_code_paths())
         stack.enter_context(tracker)
+        stack.enter_context(watch)
         for index in range(steps):
             start = tracker.event_count
             with _stage("step", f"step {index + 1} of {steps} of {label}"):
                 step(model, made, batch)
-    return int(start)
+    return int(start), watch.event
 
 
 def _check_model(model: object) -> None:

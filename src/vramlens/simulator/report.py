@@ -3,8 +3,10 @@
 * Tensor level: the timeline itself (raw storage bytes, exactly what the implementation
   asked for; equal to a tracked real CPU run).
 * ``allocated``: every allocation rounded up to the CUDA caching allocator's 512-byte
-  blocks (``kMinBlockSize``), plus the cuBLAS workspace the estimator also counts
-  (a CUDA allocation a CPU run does not make), at the peak of the measured step.
+  blocks (``kMinBlockSize``), plus the cuBLAS workspaces the estimator also counts
+  (CUDA allocations a CPU run does not make: the main thread's, and from the first backward's
+  first cuBLAS operator on the autograd thread's, :mod:`vramlens.simulator._blas`), at the peak
+  of the measured step.
 * ``reserved``: the same events replayed through the caching-allocator model
   (:mod:`vramlens.allocator`): segments, block splitting, cached free blocks.
 * ``device``: reserved plus the CUDA runtime (context, NCCL), the estimator's constants.
@@ -26,7 +28,19 @@ from vramlens.result.timeline import Timeline, allocated_timeline
 from vramlens.units import format_bytes
 from vramlens.workload.spec import Parallelism, Workload
 
-__all__ = ["allocated_timeline", "simulation_report"]
+__all__ = ["BACKWARD_WORKSPACE_EVENT", "allocated_timeline", "simulation_report"]
+
+#: Timeline metadata key: the index at which the autograd thread's cuBLAS workspace is allocated
+#: (:mod:`vramlens.simulator._blas`); absent when no backward ran a cuBLAS operator.
+BACKWARD_WORKSPACE_EVENT = "backward_cublas_event"
+
+
+def _workspaces_at(timeline: Timeline, event: int) -> int:
+    """Bytes of cuBLAS workspace alive at ``event``: the main thread's (32 MiB, taken before the
+    run's first event), and the autograd thread's from its index on (CublasHandlePool.cpp: one
+    workspace per handle and stream, handles per thread)."""
+    backward = timeline.metadata.get(BACKWARD_WORKSPACE_EVENT, -1)
+    return CUBLAS_WORKSPACE_BYTES * (2 if 0 <= backward <= event else 1)
 
 
 def _phase_memory(rounded: Timeline, name: str, start: int) -> PhaseMemory | None:
@@ -40,7 +54,7 @@ def _phase_memory(rounded: Timeline, name: str, start: int) -> PhaseMemory | Non
     candidates = np.concatenate([beginnings[beginnings >= 0], indexes])
     at = int(candidates[np.argmax(rounded.live_bytes[candidates])])
     breakdown = dict(rounded.breakdown_at(at))
-    breakdown[Category.OTHER] = breakdown.get(Category.OTHER, 0) + CUBLAS_WORKSPACE_BYTES
+    breakdown[Category.OTHER] = breakdown.get(Category.OTHER, 0) + _workspaces_at(rounded, at)
     clean = {category: value for category, value in breakdown.items() if value}
     module = rounded.modules[rounded.module[at]] if rounded.module[at] >= 0 else "-"
     return PhaseMemory(
@@ -52,11 +66,16 @@ def _phase_memory(rounded: Timeline, name: str, start: int) -> PhaseMemory | Non
 
 
 def _reserved(timeline: Timeline, settings: AllocatorSettings) -> tuple[int, int]:
-    """Peak reserved bytes and OOM count of the run replayed with the cuBLAS workspace first, each
-    allocation on the stream it was recorded on (FSDP's collectives: :mod:`vramlens.allocator.streams`)."""
-    sizes = np.concatenate([np.array([CUBLAS_WORKSPACE_BYTES], dtype=np.int64), timeline.nbytes])
-    keys = np.concatenate([np.array([-1], dtype=np.int64), timeline.storage])
-    streams = None if timeline.stream is None else np.concatenate([np.zeros(1, np.int8), timeline.stream])
+    """Peak reserved bytes and OOM count of the run replayed with the cuBLAS workspace first and
+    the autograd thread's where its first cuBLAS operator made it (:data:`BACKWARD_WORKSPACE_EVENT`),
+    each allocation on the stream it was recorded on (FSDP's collectives: :mod:`vramlens.allocator.streams`)."""
+    where = [0]
+    backward = timeline.metadata.get(BACKWARD_WORKSPACE_EVENT, -1)
+    if 0 <= backward <= len(timeline):
+        where.append(backward)
+    sizes = np.insert(timeline.nbytes, where, CUBLAS_WORKSPACE_BYTES)
+    keys = np.insert(timeline.storage, where, [-1 - n for n in range(len(where))])
+    streams = None if timeline.stream is None else np.insert(timeline.stream, where, 0)
     result = replay(sizes, keys, streams, settings=settings)
     return result.peak_reserved_bytes, len(result.ooms)
 
@@ -96,7 +115,8 @@ def simulation_report(
     assumptions = [
         *notes,
         f"tensor peak {format_bytes(timeline.peak_bytes)} (raw storage bytes, as a CPU run allocates them); "
-        "allocated rounds each tensor to 512 B blocks and adds the 32 MiB cuBLAS workspace",
+        "allocated rounds each tensor to 512 B blocks and adds the 32 MiB cuBLAS workspace "
+        "(and the autograd thread's own from the first backward's first matmul on)",
         "reserved: the events replayed through vramlens' model of the CUDA caching allocator",
     ]
     if ooms:

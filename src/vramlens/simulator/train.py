@@ -47,6 +47,9 @@ class TrainingRun:
     last_step_start: int
     """Index of the first event of the last (measured) optimizer step."""
     notes: tuple[str, ...]
+    backward_blas_event: int = -1
+    """Index at which the backward thread's cuBLAS workspace is allocated (:mod:`vramlens.simulator._blas`;
+    -1: no backward ran a cuBLAS operator)."""
 
 
 def _adamw(torch: Any, params: list[Any], impl: OptimizerImpl) -> Any:
@@ -186,7 +189,11 @@ def _replayed(
         f"{template}, built alike (replay=False runs every layer)"
     )
     start = int(expanded.new_index[run.last_step_start]) if run.last_step_start < len(run.timeline) else 0
-    return TrainingRun(timeline=expanded.timeline, last_step_start=start, notes=(*run.notes, note))
+    blas = run.backward_blas_event
+    blas = int(expanded.new_index[blas - 1]) + 1 if blas > 0 else blas  # right after the same operator's output
+    return TrainingRun(
+        timeline=expanded.timeline, last_step_start=start, notes=(*run.notes, note), backward_blas_event=blas
+    )
 
 
 def _simulate(
@@ -195,6 +202,8 @@ def _simulate(
     """The body of :func:`simulate_training` (inside the process group when ``plan`` is set);
     ``cut`` (a :class:`~vramlens.simulator._layers.LayerCut`) builds the model cut to its region."""
     torch = require("torch", purpose="vramlens simulate")
+    from vramlens.simulator._blas import BackwardBlasWatch
+
     workload = ctx.workload
     dtype = torch_dtype(workload.precision, ctx.frozen_bytes)
     prepare = None
@@ -221,14 +230,17 @@ def _simulate(
         tracker.register(ids, "inputs")
         amp = torch.autocast("cpu", dtype=torch_dtype(workload.precision, 2)) if ctx.autocast else None
         start = 0
-        with tracker:
+        watch = BackwardBlasWatch(tracker)
+        with tracker, watch:
             for _ in range(steps):
                 start = tracker.event_count
                 for index in range(workload.grad_accum):
                     with gradient_sync(model, plan, last=index == workload.grad_accum - 1):
                         _micro_step(model, ids, amp)
                 step()
-    return TrainingRun(timeline=tracker.timeline(), last_step_start=start, notes=tuple(notes))
+    return TrainingRun(
+        timeline=tracker.timeline(), last_step_start=start, notes=tuple(notes), backward_blas_event=watch.event
+    )
 
 
 def _micro_step(model: Any, ids: Any, amp: Any) -> None:
