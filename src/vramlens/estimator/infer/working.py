@@ -196,11 +196,13 @@ def routed_copy_elements(moe: MoeSpec, hidden: int, inner: int, *, weights_width
 def _masked_sdpa_bytes(spec: ModelSpec, *, batch: int, seq_q: int, seq_kv: int, compute_bytes: int, tp: int) -> int:
     """What SDPA adds in a sliding-window layer whose window is shorter than the keys: transformers
     hands it a mask, so GQA keys and values are repeated to every head (``repeat_kv``) and the
-    kernel turns the boolean mask into an additive bias in the query dtype for the call. Bytes."""
+    kernel turns the boolean mask into an additive bias in the query dtype for the call. With one KV
+    head (on the rank) the repeat is a view: the reshape of the expanded keys merges the size-1 head
+    dimension with the stride-0 one, so nothing is copied (Gemma 3 1B). Bytes."""
     if spec.attn.mla is not None or not any(w is not None and w < seq_kv for w in {la.window for la in spec.layers}):
         return 0
     heads, kv = spec.num_heads // tp, kv_heads_per_rank(spec.num_kv_heads, tp)
-    repeated = 2 * (heads - kv) * spec.attn.head_dim * batch * seq_q if heads != kv else 0
+    repeated = 2 * (heads - kv) * spec.attn.head_dim * batch * seq_q if heads != kv and kv > 1 else 0
     return (repeated + batch * seq_q * seq_kv) * compute_bytes
 
 
