@@ -94,6 +94,7 @@ ALLOWED = frozenset(
         "vramlens.estimator.score_chains",
         "vramlens.estimator.stage_memory",
         "vramlens.estimator.stage_plan",
+        "vramlens.estimator.step_fsdp2",
         "vramlens.estimator.step_layers",
         "vramlens.estimator.step_pattern",
         "vramlens.estimator.step_phases",

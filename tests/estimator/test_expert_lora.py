@@ -13,7 +13,7 @@ import pytest
 
 from conftest import requires_hf
 from vramlens.estimator import estimate
-from vramlens.estimator.runtime import CUBLAS_WORKSPACE_BYTES
+from vramlens.estimator.runtime import TRAINING_CUBLAS_BYTES
 from vramlens.model.resolve import model_from_config
 from vramlens.resolve.styles import HF_STYLES
 
@@ -86,7 +86,7 @@ def _tracked(fields: dict[str, Any]) -> tuple[dict[str, int], dict[str, int]]:
     step = Step(config=dict(TINY_MOE), method="lora", **fields)
     measured = measure_phases(step)
     report = estimate(step.workload())
-    estimated = {phase.name: phase.allocated_bytes - CUBLAS_WORKSPACE_BYTES for phase in report.phases}
+    estimated = {phase.name: phase.allocated_bytes - TRAINING_CUBLAS_BYTES for phase in report.phases}
     return measured, estimated
 
 

@@ -127,9 +127,9 @@ def _attention_core(recipe: LayerRecipe, widths: _Widths, *, sliding: bool) -> l
     masked = (sliding or recipe.style.sdpa_mask) and recipe.attention is not AttentionImpl.FLASH
     if not recipe.eager_like(sliding=sliding):
         expanded = masked or recipe.style.kv_repeat
-        # One KV head: ``repeat_kv``'s reshape of the expanded keys merges a size-1 dimension with
-        # the stride-0 one, a view of the rotated keys and the values (no copy is made or kept).
-        copied = expanded and spec.attn.mla is None and spec.num_kv_heads > 1
+        # One KV head: ``repeat_kv``'s reshape of the expanded keys merges a size-1 dimension with the stride-0
+        # one, a view (no copy); litgpt's ``repeat_interleave`` copies it (:attr:`HfStyle.kv_repeat_interleave`).
+        copied = expanded and spec.attn.mla is None and (spec.num_kv_heads > 1 or recipe.style.kv_repeat_interleave)
         repeat = heads // spec.num_kv_heads if copied else 1
         parts = [
             Part(name="attention q", bytes_per_token=a * widths.q),

@@ -148,3 +148,4 @@ def expert_merges(ctx: TrainingContext, mem: StageMemory) -> None:
     mem.formulas["casts_backward_bytes"] = lambda: f"merged expert weights of {kept:g} layers + a recomputed layer's"
     if ctx.spec.layers[stage.layer_range[0]].moe:  # the first layer's, in its backward (the others' are freed)
         mem.casts_last_layer_bytes += int(one)
+        mem.formulas["casts_last_layer_bytes"] = lambda: f"the first layer's merged expert weights {one:,.0f} B"

@@ -9,7 +9,8 @@ Order follows an eager PyTorch step (transformers' modules, ``loss.backward()``,
   saved activations, the layer's transient working set, the next hidden state (a LoRA layer of the
   families :mod:`vramlens.estimator.layer_script` describes: its forward in code order instead);
   then the final norm's output, the head's weight copy and the loss (:mod:`vramlens.estimator.loss_pattern`);
-* backward, layers in reverse (a trained embedding tied to the head: autograd holds the head's
+* backward: the head's first gradient, then (first backward only) the autograd thread's own cuBLAS
+  workspace, held to the end; layers in reverse (a trained embedding tied to the head: autograd holds the head's
   gradient contribution from the head's backward to the embedding's, where it is summed with the
   embedding's own into a new tensor, the gradient): the recomputed layer (checkpointing), the gradient working set,
   the layer's gradients (stepped and freed at once with an optimizer in backward), then its saved
@@ -40,6 +41,7 @@ from vramlens.allocator.streams import Stream
 from vramlens.estimator.layer_script import write_steps
 from vramlens.estimator.loss_pattern import LossScript
 from vramlens.estimator.runtime import CUBLAS_WORKSPACE_BYTES
+from vramlens.estimator.step_fsdp2 import prefetched, unshard
 from vramlens.estimator.step_layers import working_pieces
 from vramlens.estimator.step_shape import StepShape
 
@@ -72,6 +74,7 @@ class _Writer:
         self.micro = 0
         self.accumulated: dict[int, list[int]] = {}  # FSDP2 without sync: unsharded gradients by unit
         self.released: list[int] = []  # a scripted layer's tensors freed once its output exists
+        self.autograd_workspace = False  # the autograd thread's cuBLAS workspace is made
 
     def _kind(self, layer: int) -> int:
         return layer % len(self.shape.layer_trained)
@@ -165,27 +168,6 @@ class _Writer:
             elif name in names:
                 self.p.free(names.pop(name))
 
-    def _unshard(self, output: int, tensors: tuple[int, ...]) -> list[int]:
-        """FSDP2's unshard of one unit in forward (``FSDPParamGroup.unshard`` / ``wait_for_unshard``):
-        the all-gather output on the all-gather stream, the parameters copied out of it on the
-        compute stream, then the previous unit's output freed (``comm_ctx.all_gather_state``); this
-        unit's output is held until the next unit's copy-out (or the root's post-forward)."""
-        p = self.p
-        made = p.alloc(output, Stream.ALL_GATHER)
-        params = [p.alloc(t) for t in tensors]
-        p.free(self.held)
-        self.held = made
-        return params
-
-    def _prefetched(self, output: int, tensors: tuple[int, ...]) -> list[int]:
-        """FSDP2's backward unshard of a unit prefetched by the previous one: copy-out, then the
-        all-gather output freed at once (``wait_for_unshard`` outside forward)."""
-        params = [self.p.alloc(t) for t in tensors]
-        self.p.free(self.held)
-        self.held = -1
-        del output
-        return params
-
     def forward(self) -> _Forward:
         """One micro-step's forward, up to the loss."""
         p, s = self.p, self.shape
@@ -193,11 +175,11 @@ class _Writer:
         copy_out = s.gather_copy_out
         self.held = -1
         if s.gather_embedding:  # the embedding's own unit, resharded after its forward
-            params = self._unshard(s.gather_embedding, (s.gather_embedding,))
+            params, self.held = unshard(p, self.held, s.gather_embedding, (s.gather_embedding,))
             hidden = p.alloc(s.hidden)
             p.free_all(params)
         elif copy_out and s.gather_tail and s.tied:  # the tied tail, gathered at the embedding and kept
-            self.tail = self._unshard(s.gather_tail, s.tail_tensors)
+            self.tail, self.held = unshard(p, self.held, s.gather_tail, s.tail_tensors)
             hidden = p.alloc(s.hidden)
         else:
             hidden = p.alloc(s.hidden)
@@ -206,7 +188,7 @@ class _Writer:
         for i in range(self.layers):
             if copy_out:
                 gathered.append(-1)
-                params = self._unshard(s.gather_layer, s.unsharded_layer[self._kind(i)])
+                params, self.held = unshard(p, self.held, s.gather_layer, s.unsharded_layer[self._kind(i)])
             else:
                 gathered.append(p.alloc(s.gather_layer, Stream.ALL_GATHER))
             casts = [p.alloc(c) for c in s.casts]
@@ -229,7 +211,7 @@ class _Writer:
             out.kept.append(layer)
         if copy_out:
             if s.gather_tail and not s.tied:
-                self.tail = self._unshard(s.gather_tail, s.tail_tensors)
+                self.tail, self.held = unshard(p, self.held, s.gather_tail, s.tail_tensors)
             if not s.loss_in_model:
                 p.free(self.held)  # the root's post-forward frees the last all-gather output
         else:
@@ -271,7 +253,10 @@ class _Writer:
         if copy_out and grads and (s.head_trained or (s.tied and s.embedding_trained)):
             head_grad = p.alloc(s.edge_trained[-1] * s.unsharded_bytes)  # the head's unsharded gradient
         tied = p.alloc(s.edge_trained[0] * s.grad_bytes // s.grads_sharded) if s.tied_grads else -1
+        if head_grad >= 0 or tied >= 0:
+            self._autograd_workspace()
         dhidden = p.alloc(s.hidden) if s.below_head or copy_out else -1
+        self._autograd_workspace()
         if grads and s.head_trained and not copy_out:
             self._grad(s.edge_trained[-1])
         self._script((("-", "dlogits", 0),), out.names)
@@ -286,7 +271,7 @@ class _Writer:
             if not (s.below_head or copy_out):  # only the head trains: no layer's backward runs
                 continue
             if copy_out:  # copy-out, the output freed, the next unit (or the embedding) prefetched
-                gathered = self._prefetched(s.gather_layer, s.unsharded_layer[self._kind(i)])
+                gathered = prefetched(p, self.held, s.unsharded_layer[self._kind(i)])
                 self.held = p.alloc(s.gather_layer if i else s.gather_embedding, Stream.ALL_GATHER)
                 unsharded = [p.alloc(g) for g in s.unsharded_grads[self._kind(i)]] if grads else []
             else:
@@ -317,6 +302,15 @@ class _Writer:
         p.free(dhidden)
         p.free_all(out.at_end)
 
+    def _autograd_workspace(self) -> None:
+        """The autograd engine's device thread takes a cuBLAS handle of its own, and with it a
+        workspace of its own (one per handle and stream: ``setWorkspaceForHandle``,
+        CublasHandlePool.cpp), at the first backward's first matmul, right after that matmul's
+        output (the head's first gradient); held to the end of the run (:mod:`vramlens.simulator._blas`)."""
+        if not self.autograd_workspace:
+            self.p.alloc(CUBLAS_WORKSPACE_BYTES)
+            self.autograd_workspace = True
+
     def _embedding_grads(self, grads: bool, tied: int) -> None:
         """The end of a backward without FSDP2: the embedding's gradient (tied: its contribution
         summed out of place with the head's ``tied`` one, which is then freed), then the rest."""
@@ -340,7 +334,7 @@ class _Writer:
         p, s = self.p, self.shape
         trained = grads and s.embedding_trained
         if s.gather_embedding:
-            params = self._prefetched(s.gather_embedding, (s.gather_embedding,))
+            params, self.held = prefetched(p, self.held, (s.gather_embedding,)), -1
             grad = p.alloc(s.edge_trained[0] * s.unsharded_bytes) if trained else -1
             p.free_all(params)
             if trained:

@@ -115,6 +115,10 @@ class HfStyle:
     kv_repeat: bool = False
     """Keys and values are expanded to every query head before SDPA whatever the mask
     (torchtune's ``MultiHeadAttention``: ``k.unsqueeze(2).expand(...).flatten(1, 2)``, a copy)."""
+    kv_repeat_interleave: bool = False
+    """The repeat is ``repeat_interleave`` (litgpt), a copy even of a single key/value head; an
+    expand and a reshape or flatten of one head merges a size-1 dimension with the stride-0 one,
+    a view."""
     rope_buffer: bool = False
     """The rotary table is a module buffer built once for ``max_seq_len`` positions in fp32
     (torchtune's ``RotaryPositionalEmbeddings.rope_cache``), not a per-forward (cos, sin) pair."""
@@ -230,7 +234,14 @@ def litgpt_style(style: HfStyle) -> HfStyle:
     Checked with saved-tensor hooks and a tracked ``fit`` loop on CPU (tests/estimator/test_litgpt.py)."""
     norm = NormStyle.RMS_FP32_WEIGHT if style.norm in (NormStyle.RMS, NormStyle.GEMMA) else style.norm
     return replace(
-        style, norm=norm, kv_repeat=True, qkv_views=True, lora_fused_qkv=True, out_proj_copy=True, sdpa_mask=False
+        style,
+        norm=norm,
+        kv_repeat=True,
+        kv_repeat_interleave=True,
+        qkv_views=True,
+        lora_fused_qkv=True,
+        out_proj_copy=True,
+        sdpa_mask=False,
     )
 
 
