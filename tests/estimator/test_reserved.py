@@ -157,9 +157,10 @@ def test_a_freed_block_too_small_for_the_next_request_by_hand() -> None:
                                "inputs": 0, "hidden": 0})  # fmt: skip
     loss = LossScript(forward=(("+", "a", 100 * MiB), ("-", "a", 0), ("+", "b", 120 * MiB)), backward=(("-", "b", 0),))
     peaks = pattern_peaks(step_pattern(empty, loss, layers=0))
-    # the cuBLAS workspace (32 MiB) is allocated first and stays
-    assert peaks.allocated_bytes == (32 + 120) * MiB
-    assert peaks.slack_bytes == 100 * MiB
+    # the cuBLAS workspace (32 MiB) is allocated first and stays; the autograd thread's (32 MiB) comes
+    # with the backward's first matmul, while "b" is alive, and takes 32 MiB of the cached segment
+    assert peaks.allocated_bytes == (32 + 120 + 32) * MiB
+    assert peaks.slack_bytes == (100 - 32) * MiB
 
 
 @pytest.mark.parametrize(

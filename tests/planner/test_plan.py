@@ -74,11 +74,14 @@ def test_llama_70b_qlora_fits_one_80gb() -> None:
 
 
 def test_method_change_offers_qlora_for_70b_on_one_gpu() -> None:
-    """A full 70B fine-tune cannot fit one 80 GB GPU; allowing method changes must find
-    adapter training (LoRA/QLoRA) that does."""
+    """A full 70B fine-tune cannot fit one 80 GB GPU with its weights there; allowing method changes
+    must find adapter training (LoRA/QLoRA) that does. A full fine-tune is offered only with its
+    parameters offloaded to the CPU (ZeRO-3 with parameter and optimizer offload: one layer on the
+    GPU at a time)."""
     result = plan({"model": "llama-3.1-70b"}, gpu="a100-80gb", gpus=1, allow_method_change=True)
-    assert result.candidates
-    assert all(c.workload.method in (Method.LORA, Method.QLORA) for c in result.candidates)
+    assert any(c.workload.method in (Method.LORA, Method.QLORA) for c in result.candidates)
+    full = [c for c in result.candidates if c.workload.method is Method.FULL]
+    assert all(c.workload.parallel.offload is Offload.OPTIMIZER_PARAMS for c in full)
 
 
 def test_impossible_request_names_the_smallest_setup() -> None:
