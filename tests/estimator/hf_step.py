@@ -72,6 +72,10 @@ def _model(step: Step) -> Any:
     config = dict(step.config)
     hf_config = transformers.AutoConfig.for_model(config.pop("model_type"), **config)
     hf_config._attn_implementation = step.attention
+    # HF Trainer sets ``model.config.use_cache = args.use_cache`` (default False; trainer.py,
+    # "Finalize"): no DynamicCache in the training forward. Under autocast the cache would hold fp32
+    # copies of every layer's keys and values beside the bf16 casts SDPA keeps (until the outputs go).
+    hf_config.use_cache = False
     fp32 = step.precision == "fp32" or (step.precision == "mixed-bf16" and step.method == "full")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -248,7 +248,7 @@ def test_an_estimate_report_shows_its_timeline(report: MemoryReport) -> None:
     assert max(cell_len(line) for line in lines[start : start + 16]) <= 100
     names = next(line for line in lines if "forward" in line and "backward" in line).split()
     assert names == [phase.name for phase in report.phases]
-    assert f"▲ peak {'47.73 GiB'}" in text and report.peak_phase == "backward"
+    assert f"▲ peak {'47.76 GiB'}" in text and report.peak_phase == "backward"
     assert "79.2 GiB ┤━━━" in text  # the capacity of an A100 80GB (79.15 GiB) on the top row
 
 
@@ -266,7 +266,7 @@ def test_a_console_that_cannot_encode_blocks_gets_ascii(report: MemoryReport) ->
 def test_ascii_only_report_is_pure_ascii(report: MemoryReport) -> None:
     text = render(report_renderable(report, ascii_only=True))
     assert all(" " <= char <= "~" for char in text.replace("\n", ""))
-    assert "^ peak 47.73 GiB" in text and "##########" in text  # the timeline and the breakdown bars
+    assert "^ peak 47.76 GiB" in text and "##########" in text  # the timeline and the breakdown bars
     assert timeline_text(report, width=60, ascii_only=True).splitlines()[0].startswith("memory by phase")
 
 
@@ -280,7 +280,7 @@ def test_cli_estimate_ascii_draws_the_ascii_timeline(
     assert all(" " <= char <= "~" for char in out.replace("\n", ""))
     lines = out.splitlines()
     axis = next(line for line in lines if line.lstrip().startswith("0 B +---"))
-    assert len(axis) <= 120 and "^ peak 47.73 GiB" in out and "= GPU capacity 79.15 GiB" in out
+    assert len(axis) <= 120 and "^ peak 47.76 GiB" in out and "= GPU capacity 79.15 GiB" in out
     assert lines.index("memory by phase (allocated bytes, stacked by category)") < lines.index(axis)
 
 

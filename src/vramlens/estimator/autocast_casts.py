@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from vramlens.categories import Category
 from vramlens.estimator.layout import StageView
+from vramlens.estimator.mlp_working import mlp_out_elements
 from vramlens.estimator.stage_memory import StageMemory
 from vramlens.model.params import ffn_parameters, norm_parameters
 from vramlens.model.spec import FfnKind
@@ -35,6 +36,10 @@ def autocast_casts(ctx: TrainingContext, mem: StageMemory) -> None:
     )
     mem.casts_backward_bytes = _casts_in_backward(ctx, mem.casts_bytes, layers)
     mem.formulas["casts_backward_bytes"] = _casts_backward_formula(ctx, layers)
+    if ctx.workload.recompute is Recompute.NONE:  # every copy is alive in backward: some are freed early
+        tp = ctx.workload.parallel.tp
+        mem.autocast_head_copy_bytes = head * a
+        mem.autocast_down_copy_bytes = mlp_out_elements(ctx.spec) // tp * a
     mem.casts_last_layer_bytes = layer_elements * a // max(layers, 1)
     mem.formulas["casts_last_layer_bytes"] = lambda: f"{layer_elements:,} layer weights x {a} B / {layers} layers"
 
@@ -52,7 +57,8 @@ def _cast_elements(ctx: TrainingContext, stage: StageView) -> tuple[int, int]:
     final_norm = norm_parameters(spec.norm, spec.hidden_size) if stage.last else 0
     norms = stage.layers * spec.norms_per_layer * norm_parameters(spec.norm, spec.hidden_size)
     experts = ffn_parameters(spec, FfnKind.MOE)["moe_experts"] // (parallel.ep * parallel.tp) if spec.is_moe else 0
-    layers = stage.trainable_elements - tables * table - final_norm - norms - stage.moe_layers * experts
+    positions = spec.parameter_breakdown.position_embedding if stage.first else 0  # learned positions: a lookup
+    layers = stage.trainable_elements - tables * table - final_norm - norms - stage.moe_layers * experts - positions
     return max(0, layers), table if stage.last else 0
 
 

@@ -12,7 +12,13 @@ from vramlens.model.spec import ModelSpec
 from vramlens.resolve.context import TrainingContext
 from vramlens.workload.options import Method
 
-__all__ = ["adapter_transients", "down_adapter_cast", "mlp_out_elements", "recomputed_mlp_backward"]
+__all__ = [
+    "adapter_transients",
+    "down_adapter_cast",
+    "full_mlp_backward",
+    "mlp_out_elements",
+    "recomputed_mlp_backward",
+]
 
 
 def mlp_out_elements(spec: ModelSpec) -> int:
@@ -51,6 +57,20 @@ def recomputed_mlp_backward(ctx: TrainingContext, targets: frozenset[str], inner
         return activation
     cast = down_adapter_cast(ctx, targets, inner)
     return max(activation, d * (inner + h) + 4 * a * h, cast + 3 * a * h if cast else 0)
+
+
+def full_mlp_backward(spec: ModelSpec, inner: int, *, compute: int, stream: int) -> float:
+    """Bytes per token a dense layer's MLP backward holds beyond every layer's saved tensors in a full
+    fine-tune without recompute, at its high point (the activation's backward): the gradients of the
+    MLP's intermediates (gated: the product's, the activation's and the up projection's, ``3 a i``;
+    plain: ``2 a i``) less the product the down projection kept, which its backward has freed
+    (``a i``), beside the incoming hidden-state gradient in the residual stream's dtype (``s h``: fp32
+    under autocast over fp32 weights, where the stream's adds and norms run in fp32). The down
+    projection's weight gradient, made just before, is the caller's (``mlp_out_grads_bytes``). Tracked
+    CPU runs of transformers' Llama step, bf16 and mixed-bf16, 64-token vocabulary
+    (``tests/estimator/test_training_hf.py``), the layer's backward window read with tensor hooks."""
+    gradients = 3 if spec.mlp is not None and spec.mlp.kind is MlpKind.GATED else 2
+    return (gradients - 1) * compute * inner + stream * spec.hidden_size
 
 
 def down_adapter_cast(ctx: TrainingContext, targets: frozenset[str], inner: int) -> float:

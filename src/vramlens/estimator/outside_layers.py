@@ -1,12 +1,13 @@
 """Activations and buffers outside the decoder layers that depend on whose modules build them.
 
 * The final norm (on the last stage) keeps its fp32 input and rsqrt per token, and, when it
-  trains, its normalized output: in the compute dtype for transformers' RMSNorm, in fp32 for
+  trains, its normalized output: in the residual stream's dtype for transformers' RMSNorm (fp32
+  under autocast over fp32 weights, :func:`vramlens.estimator.final_norm.stream_bytes`), in fp32 for
   torchtune's (``F.rms_norm`` on ``x.float()`` with a bf16 scale takes ATen's composite path;
   :attr:`vramlens.resolve.styles.NormStyle.TORCHTUNE`).
 * Under ``kernels: liger`` the final norm is ``LigerRMSNorm``: its input (the residual stream's
   dtype) and one fp32 rstd per token (:mod:`vramlens.resolve.kernels`).
-* Rotary tables: transformers computes one (cos, sin) pair per forward in the compute dtype
+* Rotary tables: transformers computes one (cos, sin) pair per forward in the residual stream's dtype
   (``2 x head_dim`` elements per token, first stage); torchtune's ``RotaryPositionalEmbeddings``
   holds one fp32 ``rope_cache`` buffer of ``max_seq_len x head_dim`` elements for the whole run
   (torchtune/modules/position_embeddings.py; the builders pass the model's max positions).
@@ -16,6 +17,7 @@ Units: bytes per token, or bytes for the buffer.
 
 from __future__ import annotations
 
+from vramlens.estimator.final_norm import stream_bytes
 from vramlens.resolve.context import TrainingContext
 from vramlens.resolve.frameworks import layer_style
 from vramlens.resolve.kbit import kbit_prepared
@@ -42,15 +44,19 @@ def final_norm_per_token(ctx: TrainingContext) -> float:
     style = _style(ctx)
     if style is not None and style.norm == NormStyle.TORCHTUNE:
         return FP32 * h + FP32 + (FP32 * h if ctx.full and a != FP32 else 0)
-    return FP32 * h + FP32 + (a * h if ctx.full else 0)
+    # LlamaRMSNorm's ``weight * normalized.to(input_dtype)`` keeps the normalized tensor in the stream's dtype.
+    normalized = stream_bytes(ctx) if style is None or style.norm == NormStyle.RMS else a
+    return FP32 * h + FP32 + (normalized * h if ctx.full else 0)
 
 
 def rotary_per_token(ctx: TrainingContext) -> float:
-    """Bytes per token of the per-forward rotary (cos, sin) tables; 0 where the table is a buffer."""
+    """Bytes per token of the per-forward rotary (cos, sin) tables, in the residual stream's dtype
+    (``cos.to(dtype=x.dtype)`` with ``x`` the embedding's output: fp32 under autocast over fp32
+    weights); 0 where the table is a buffer."""
     style = _style(ctx)
     if style is not None and style.rope_buffer:
         return 0.0
-    return 2 * ctx.compute_bytes * ctx.spec.head_dim
+    return 2 * stream_bytes(ctx) * ctx.spec.head_dim
 
 
 #: torchtune rotary tables whose rows are ``[cos, sin]`` of the doubled frequencies, ``2 x head_dim``

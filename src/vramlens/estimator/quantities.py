@@ -12,6 +12,7 @@ from collections.abc import Callable
 from vramlens.categories import Category
 from vramlens.estimator.autocast_casts import autocast_casts
 from vramlens.estimator.expert_lora import expert_merges
+from vramlens.estimator.final_norm import FinalNormPerToken, final_norm_amounts
 from vramlens.estimator.fsdp import Unsharded, fsdp_memory
 from vramlens.estimator.hook_step import hook_step
 from vramlens.estimator.layout import StageView, effective_quant, micro_batches_in_flight
@@ -159,6 +160,7 @@ def _gradients(ctx: TrainingContext, mem: StageMemory) -> None:
         mem.formulas["layer_grads_bytes"] = f"{stage.layer_elements:,} x {ctx.grad_bytes} B / {d_grad}"
         down = mlp_out_elements(ctx.spec) // parallel.tp
         mem.mlp_out_grads_bytes = min(mem.layer_grads_bytes, int(down * ctx.grad_bytes / d_grad))
+        mem.formulas["mlp_out_grads_bytes"] = f"{down:,} down-projection weights x {ctx.grad_bytes} B / {d_grad}"
 
 
 def _unsharded(ctx: TrainingContext, mem: StageMemory) -> None:
@@ -286,6 +288,7 @@ def _stage_plan(ctx: TrainingContext, stage: StageView, targets: frozenset[str])
         else 1,
         outside_per_token=rotary,
         head_side_per_token=final,
+        final_norm=final_norm_amounts(ctx) if stage.last else FinalNormPerToken(),
         whole_layer=ctx.workload.recompute in (Recompute.FULL, Recompute.OFFLOAD),
         notes=("pp_schedule interleaved-1f1b: two model chunks per rank assumed",) if interleaved else (),
     )

@@ -102,6 +102,11 @@ class StageMemory:
     casts_last_layer_bytes: int = 0
     """Autocast weight copies alive in the first layer's backward, the last the backward reaches: that
     layer's own (every other layer's were freed with the tensors its backward used)."""
+    autocast_head_copy_bytes: int = 0
+    """The LM head's autocast copy (part of ``casts_backward_bytes``): freed by the head's backward."""
+    autocast_down_copy_bytes: int = 0
+    """One layer's MLP output projection's autocast copy (part of ``casts_backward_bytes``): freed by
+    that projection's backward, before the layer's MLP backward peaks."""
     unsharded: Unsharded = field(default_factory=Unsharded)
     """Parameter sharding's unsharded parameters, buffers and gradients, instant by instant (fsdp.py)."""
     dequant_bytes: int = 0
@@ -116,6 +121,13 @@ class StageMemory:
     """The part of ``forward_working_bytes`` that is not eager attention's score tensors (the MLP's
     and adapters' intermediates, the masks): what the allocator replay writes beside the score chain
     of a recomputed layer (:func:`vramlens.estimator.eager_attention.eager_score_chain`)."""
+    final_norm_forward_bytes: int = 0
+    """Inside the final norm's forward: the last layer's output, the norm's saved tensors and its
+    intermediates (:mod:`vramlens.estimator.final_norm`; 0 where not written)."""
+    final_output_bytes: int = 0
+    """At the loss: the final norm's output the model's forward still holds beside the head's cast of it."""
+    final_norm_backward_bytes: int = 0
+    """Inside the final norm's backward: its saved fp32 input and rsqrt and the gradients it makes."""
     masks_bytes_per_token: float = 0.0
     """Attention masks alive during the forward only, bytes per token (see LayerActivations)."""
     mixer_backward_bytes_per_token: float = 0.0
@@ -191,6 +203,9 @@ SIZED_QUANTITIES = (
     "working_bytes",
     "forward_working_bytes",
     "forward_besides_scores_bytes",
+    "final_norm_forward_bytes",
+    "final_output_bytes",
+    "final_norm_backward_bytes",
 )
 
 

@@ -16,12 +16,14 @@ from functools import partial
 from typing import NamedTuple, cast
 
 from vramlens.categories import Category
+from vramlens.estimator.final_norm import FinalNormPerToken, stream_bytes
 from vramlens.estimator.layout import StageView
 from vramlens.estimator.logits_terms import LossAmounts, LossPlan, loss_plan
 from vramlens.estimator.lora_head import only_the_head_trains
 from vramlens.estimator.mlp_working import (
     adapter_transients,
     down_adapter_cast,
+    full_mlp_backward,
     recomputed_mlp_backward,
 )
 from vramlens.estimator.recompute import LayerActivations, eager_attention_working, layer_activations, train_state
@@ -59,6 +61,8 @@ class SizedAmounts(NamedTuple):
     working: int
     forward_working: int
     forward_besides_scores: int
+    final_norm: tuple[int, int, int]
+    """The final norm's forward high point, output held at the loss and backward high point."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -103,6 +107,8 @@ class StagePlan:
     """Rotary tables (the first stage): alive to the end of backward."""
     head_side_per_token: float
     """The final norm's saved tensors and the head's input (the last stage): to the head's backward."""
+    final_norm: FinalNormPerToken
+    """The final norm's own instants (the last stage; zeros elsewhere), per token on one rank."""
     whole_layer: bool
     """Full recompute or offload: a recomputed layer's tensors are the transient (when it has any)."""
     notes: tuple[str, ...]
@@ -134,6 +140,7 @@ class StagePlan:
             mem.logits, mem.head_cast_bytes = amounts.logits.kept, amounts.logits.cast_bytes
         mem.working_bytes, mem.forward_working_bytes = amounts.working, amounts.forward_working
         mem.forward_besides_scores_bytes = amounts.forward_besides_scores
+        _final_norm(mem, amounts)
         return mem
 
     def memory(self) -> StageMemory:
@@ -166,7 +173,8 @@ def working_set(
     """Intermediates of the layer being computed that nobody keeps (measured on CPU for
     transformers' Llama layer, see tests/estimator/test_training_hf.py), bytes per token:
 
-    * backward: gradients flowing through the MLP (two ``a*i`` tensors) and the hidden
+    * backward: a full fine-tune's dense MLP as :func:`~vramlens.estimator.mlp_working.full_mlp_backward`
+      says; otherwise gradients flowing through the MLP (two ``a*i`` tensors) and the hidden
       state (two ``a*h``); with recompute the recomputed layer's own tensors are freed as
       its backward proceeds, leaving ``a*(i + h)``, plus the adapters' output gradient;
     * forward: the norm's fp32 intermediate and the layer output (``4h + a*h``), or the
@@ -185,6 +193,8 @@ def working_set(
     dense = spec.mlp is not None and not spec.is_moe
     if recompute and dense:
         backward = recomputed_mlp_backward(ctx, targets, inner, adapter_grad)
+    elif dense and ctx.full and not recompute:
+        backward = full_mlp_backward(spec, inner, compute=a, stream=stream_bytes(ctx))
     else:
         backward = a * (inner + h) + adapter_grad if recompute else a * (2 * inner + 2 * h)
     forward = (
@@ -268,7 +278,7 @@ def at_seq(ctx: TrainingContext, stage: StageView, targets: frozenset[str], plan
 def sized_amounts(ctx: TrainingContext, plan: StagePlan, at: AtSeq) -> SizedAmounts:
     """The stage's sized quantities for ``ctx``'s tokens: the per-token amounts times the tokens,
     as :func:`int` of the same expressions the terms show."""
-    tokens, acts = ctx.tokens, at.acts
+    tokens, acts, norm = ctx.tokens, at.acts, plan.final_norm
     recompute = int(acts.transient_per_token * tokens)
     working = at.working[plan.whole_layer and recompute > 0]
     logits = at.loss.amounts(ctx) if at.loss is not None else None
@@ -285,6 +295,7 @@ def sized_amounts(ctx: TrainingContext, plan: StagePlan, at: AtSeq) -> SizedAmou
         working=max(int(tokens * working.backward_per_rank), ring_backward_bytes(ctx)),
         forward_working=int(tokens * working.forward_per_rank),
         forward_besides_scores=int(tokens * working.besides_scores_per_rank),
+        final_norm=(int(norm.forward * tokens), int(norm.held_at_loss * tokens), int(norm.backward * tokens)),
     )
 
 
@@ -337,6 +348,19 @@ def fill_terms(ctx: TrainingContext, mem: StageMemory, plan: StagePlan, at: AtSe
         at.loss.fill(mem, amounts.logits)
     plan.finish(mem)
     _working_sets(ctx, mem, at.working[plan.whole_layer and amounts.recompute > 0], amounts)
+    _final_norm(mem, amounts)
+    norm = plan.final_norm
+    for key, per_token in zip(_FINAL_NORM, (norm.forward, norm.held_at_loss, norm.backward), strict=True):
+        mem.formulas[key] = f"{per_token:,.0f} B/token x {tokens:,} tokens"
+
+
+#: The :class:`StageMemory` quantities of :attr:`SizedAmounts.final_norm`, in its order.
+_FINAL_NORM = ("final_norm_forward_bytes", "final_output_bytes", "final_norm_backward_bytes")
+
+
+def _final_norm(mem: StageMemory, amounts: SizedAmounts) -> None:
+    """The final norm's instants' amounts on ``mem`` (:mod:`vramlens.estimator.final_norm`)."""
+    mem.final_norm_forward_bytes, mem.final_output_bytes, mem.final_norm_backward_bytes = amounts.final_norm
 
 
 def _working_sets(ctx: TrainingContext, mem: StageMemory, working: WorkingSet, amounts: SizedAmounts) -> None:

@@ -9,122 +9,24 @@ See :mod:`vramlens.estimator.training` for the instants.
 
 from __future__ import annotations
 
-from typing import cast
-
 from vramlens.categories import Category
 from vramlens.estimator.embedding_grads import pending_embedding_grad_bytes, tied_embedding_grad_bytes
+from vramlens.estimator.phase_instant import Instant, base_instant
 from vramlens.estimator.qlora import prepare_cast_bytes
-from vramlens.estimator.runtime import CUBLAS_FORMULA, CUBLAS_WORKSPACE_BYTES
-from vramlens.estimator.stage_memory import Formula, StageMemory, Summed
+from vramlens.estimator.stage_memory import StageMemory
 from vramlens.estimator.zero3 import grad_partitions_whole_step
 from vramlens.resolve.context import TrainingContext
-from vramlens.result.report import PhaseMemory, Term
+from vramlens.result.report import PhaseMemory
 from vramlens.workload.options import Recompute
 
 __all__ = ["training_phases"]
 
 _C = Category
+#: ``StageMemory.derived`` key of the optimizer step's phase (size-free, shared by a stage plan's estimates).
+_OPTIMIZER = "phases: optimizer step"
 
 
-#: An instant's own amount, its Term made only if the instant is reported: (name, category, bytes, formula).
-_Own = tuple[str, Category, int, Formula]
-#: ``StageMemory.derived`` keys (size-free records, shared by the estimates of one stage plan).
-_BASE, _OPTIMIZER = "phases: base", "phases: optimizer step"
-
-
-class _Instant:
-    """The terms alive at one instant of a step: whole quantities (their terms) and the
-    instant's own amounts, named with their formula. Its total is kept as they are added (to pick
-    the highest instant); its terms are made for a phase (:meth:`phase`)."""
-
-    __slots__ = ("alive", "mem", "pieces", "total_bytes")
-
-    def __init__(self, mem: StageMemory, alive: str, pieces: tuple[Summed | list[Term], ...] = (), total: int = 0):
-        self.mem, self.alive = mem, alive
-        self.pieces: list[Summed | list[Term] | _Own] = list(pieces)
-        self.total_bytes = total
-
-    def part(self, quantity: Summed) -> None:
-        """Every term of ``quantity`` (alive at this instant in full; they add up to the quantity)."""
-        if self.mem.parts.get(quantity):
-            self.pieces.append(quantity)
-            self.total_bytes += getattr(self.mem, quantity)
-
-    def parts(self, *quantities: Summed) -> None:
-        """Every term of each of ``quantities``, in order (see :meth:`part`)."""
-        mem, pieces = self.mem, self.pieces
-        for quantity in quantities:
-            if mem.parts.get(quantity):
-                pieces.append(quantity)
-                self.total_bytes += getattr(mem, quantity)
-
-    def add(self, name: str, category: Category, value: int, formula: Formula) -> None:
-        """A term of ``value`` bytes alive at this instant (none when 0)."""
-        if value:
-            self.pieces.append((name, category, value, formula))
-            self.total_bytes += value
-
-    def quantity(self, name: str, category: Category, key: str) -> None:
-        """The instant's share of a quantity with no term of its own (``StageMemory.formulas[key]``)."""
-        value = getattr(self.mem, key)
-        if value:
-            self.add(name, category, value, self.mem.formulas.get(key, ""))
-
-    def terms(self) -> list[Term]:
-        """The instant's terms, in the order they were added."""
-        found: list[Term] = []
-        alive, parts = self.alive, self.mem.parts
-        for piece in self.pieces:
-            if isinstance(piece, str):
-                found.extend(parts[piece])
-            elif isinstance(piece, list):
-                found.extend(piece)
-            else:
-                name, category, value, formula = piece
-                found.append(Term(name=name, category=category, bytes=value, explain=formula, alive=alive))
-        return found
-
-    def phase(self, name: str, note: str) -> PhaseMemory:
-        """This instant as the phase ``name``."""
-        return PhaseMemory.of_terms(name, note, self.terms())
-
-
-#: The cuBLAS workspaces' terms (the same at every instant of a steady step): the main thread's, and
-#: the autograd engine's device thread's, made by the first backward's first matmul (one workspace
-#: per cuBLAS handle and stream, handles per thread: CublasHandlePool.cpp; :mod:`vramlens.simulator._blas`).
-_CUBLAS = [
-    Term(
-        name="cuBLAS workspace (from the caching allocator)",
-        category=_C.OTHER,
-        bytes=CUBLAS_WORKSPACE_BYTES,
-        explain=CUBLAS_FORMULA,
-        alive="from the first matmul on",
-    ),
-    Term(
-        name="cuBLAS workspace of the autograd thread (from the caching allocator)",
-        category=_C.OTHER,
-        bytes=CUBLAS_WORKSPACE_BYTES,
-        explain=f"{CUBLAS_FORMULA}; backward runs on the autograd engine's device thread, with its own handle",
-        alive="from the first backward's first matmul on",
-    ),
-]
-
-
-def _base(mem: StageMemory, alive: str) -> _Instant:
-    """Parameters, optimizer state and the cuBLAS workspace: alive at every instant (the same for
-    every estimate of a stage plan)."""
-    known = cast("tuple[tuple[Summed | list[Term], ...], int] | None", mem.derived.get(_BASE))
-    if known is None:
-        instant = _Instant(mem, alive)
-        instant.parts("params_bytes", "states_bytes")
-        instant.pieces.append(_CUBLAS)
-        instant.total_bytes += sum(term.bytes for term in _CUBLAS)
-        known = (cast("tuple[Summed | list[Term], ...]", tuple(instant.pieces)), instant.total_bytes)
-        mem.derived[_BASE] = known
-    return _Instant(mem, alive, known[0], known[1])
-
-
-def _kept_gradients(ctx: TrainingContext, mem: StageMemory, instant: _Instant) -> None:
+def _kept_gradients(ctx: TrainingContext, mem: StageMemory, instant: Instant) -> None:
     """Gradients alive before a micro-step's backward: the unsharded ones FSDP accumulates without
     gradient sync (the sharded ones appear at the last micro-step), else with gradient
     accumulation the earlier micro-steps' (sharded) gradients, or ZeRO-3's gradient partitions
@@ -142,12 +44,12 @@ def _kept_gradients(ctx: TrainingContext, mem: StageMemory, instant: _Instant) -
         instant.part("grads_bytes")
 
 
-def _unsharded(instant: _Instant, value: int, where: str) -> None:
+def _unsharded(instant: Instant, value: int, where: str) -> None:
     if value:
         instant.add(f"unsharded parameters and buffers {where}", _C.TEMPORARY, value, instant.mem.unsharded.how)
 
 
-def _logits(instant: _Instant, value: int, name: str) -> None:
+def _logits(instant: Instant, value: int, name: str) -> None:
     """The loss's tensors of ``value`` bytes, the LM head's bf16 weight copy apart."""
     mem = instant.mem
     assert mem.logits is not None
@@ -156,29 +58,51 @@ def _logits(instant: _Instant, value: int, name: str) -> None:
     instant.add(head, _C.TEMPORARY, mem.head_cast_bytes, "V x h x 2 B")
 
 
+_AT_LOSS, _IN_LAYER, _IN_NORM = "at the loss", "inside the last layer's forward", "inside the final norm's forward"
+
+
 def _forward(ctx: TrainingContext, mem: StageMemory) -> PhaseMemory:
-    """The end of forward: at the loss, or inside the last layer's forward when that is higher (a
-    quantized base's dequantized weight exists inside a layer's linear, not at the loss)."""
+    """The end of forward, the highest of: the last layer's forward (a quantized base's dequantized
+    weight exists inside a layer's linear, not at the loss), the final norm's forward, or the loss
+    (the logits, the final norm's and the head's saved tensors, the norm's output the model still
+    holds). The head side is made by the final norm and the head: not there in a full fine-tune's
+    layer forward, and part of the final norm's own amount in its forward (tracked CPU runs,
+    :mod:`.final_norm`); the adapters' forward working sets were fitted with it counted, so it stays
+    in their layer's forward until they are re-derived."""
     u = mem.unsharded
-    at_loss = (mem.logits.forward_end if mem.logits else 0) + u.loss
-    in_layer = mem.forward_working_bytes + mem.dequant_bytes + u.forward_layer
-    where = "at the loss" if at_loss >= in_layer else "inside the last layer's forward"
-    instant = _base(mem, where)
+    fitted = 0 if ctx.full else mem.head_side_bytes
+    highs = {
+        _AT_LOSS: (mem.logits.forward_end if mem.logits else 0) + u.loss + mem.head_side_bytes + mem.final_output_bytes,
+        _IN_LAYER: mem.forward_working_bytes + mem.dequant_bytes + u.forward_layer + fitted,
+        _IN_NORM: mem.final_norm_forward_bytes,
+    }
+    where = max(highs, key=highs.__getitem__)
+    instant = base_instant(mem, where)
     _kept_gradients(ctx, mem, instant)
-    instant.parts("grad_buckets_bytes", "activations_bytes", "non_layer_bytes", "head_side_bytes", "inputs_bytes")
-    if at_loss >= in_layer:
+    instant.parts("grad_buckets_bytes", "activations_bytes", "non_layer_bytes", "inputs_bytes")
+    if where == _AT_LOSS:
+        instant.part("head_side_bytes")
         if mem.logits is not None:
             _logits(instant, mem.logits.forward_end, "logits and loss (at the loss)")
+        instant.quantity("the final norm's output (the model's forward holds it)", _C.TEMPORARY, "final_output_bytes")
         _unsharded(instant, u.loss, "at the loss")
-    else:
+    elif where == _IN_LAYER:
+        if fitted:
+            instant.part("head_side_bytes")
         instant.quantity("a layer's forward working set", _C.TEMPORARY, "forward_working_bytes")
         instant.part("dequant_bytes")
         _unsharded(instant, u.forward_layer, "in a layer's forward")
+    else:
+        instant.quantity(
+            "the final norm's forward (its input, saved tensors, intermediates)",
+            _C.TEMPORARY,
+            "final_norm_forward_bytes",
+        )
     instant.part("casts_bytes")
     return instant.phase("forward", f"end of forward: {where}")
 
 
-def _gradients_so_far(instant: _Instant, in_backward: bool, missing: dict[str, int]) -> None:
+def _gradients_so_far(instant: Instant, in_backward: bool, missing: dict[str, int]) -> None:
     """Every gradient (none with an optimizer in backward, which frees each at once) but those
     ``missing`` not made yet at this instant (bytes by what they are)."""
     if in_backward:
@@ -195,8 +119,8 @@ def _gradients_so_far(instant: _Instant, in_backward: bool, missing: dict[str, i
     )
 
 
-def _backward_start(ctx: TrainingContext, mem: StageMemory) -> tuple[str, _Instant]:
-    instant = _base(mem, "start of backward")
+def _backward_start(ctx: TrainingContext, mem: StageMemory) -> tuple[str, Instant]:
+    instant = base_instant(mem, "start of backward")
     _kept_gradients(ctx, mem, instant)
     instant.parts("grad_buckets_bytes", "activations_bytes", "non_layer_bytes", "head_side_bytes", "inputs_bytes")
     if mem.logits is not None:
@@ -206,29 +130,64 @@ def _backward_start(ctx: TrainingContext, mem: StageMemory) -> tuple[str, _Insta
     return "start of backward: loss gradient beside all activations", instant
 
 
-def _first_layers(ctx: TrainingContext, mem: StageMemory, outputs: int) -> tuple[str, _Instant]:
-    instant = _base(mem, "inside the first layers' backward")
+def _first_layers(ctx: TrainingContext, mem: StageMemory, outputs: int) -> tuple[str, Instant]:
+    instant = base_instant(mem, "inside the first layers' backward")
     _kept_gradients(ctx, mem, instant)
     instant.part("grad_buckets_bytes")
-    if not ctx.in_backward_step and not grad_partitions_whole_step(ctx):
+    kept_grads = not ctx.in_backward_step and not grad_partitions_whole_step(ctx)
+    if kept_grads:
         instant.quantity("LM head gradient (made first in backward)", _C.GRADIENTS, "head_grads_bytes")
     instant.parts("activations_bytes", "non_layer_bytes", "inputs_bytes")
-    _head_side_unless_recomputed(instant)
+    _head_side_unless_recomputed(ctx, instant)
     instant.quantity("the recomputed layer's tensors", _C.ACTIVATIONS, "recompute_bytes")
+    if kept_grads and not mem.recompute_bytes:  # made first in the layer's backward, before its MLP's high point
+        instant.quantity("the layer's MLP output projection gradient", _C.GRADIENTS, "mlp_out_grads_bytes")
     _kept_outputs(instant, outputs)
     instant.quantity("a layer's backward working set", _C.TEMPORARY, "working_bytes")
-    instant.quantity("autocast weight copies alive in backward", _C.TEMPORARY, "casts_backward_bytes")
+    _casts_after_head(instant, down=not mem.recompute_bytes)
     instant.part("dequant_bytes")
     _unsharded(instant, mem.unsharded.first_layers, "in a layer's backward")
     return "first layers of backward: a recomputed layer and the gradient working set", instant
 
 
-def _hook_step(mem: StageMemory, outputs: int) -> tuple[str, _Instant]:
+def _final_norm_backward(ctx: TrainingContext, mem: StageMemory, outputs: int) -> tuple[str, Instant]:
+    """Inside the final norm's backward, the first after the head's: the head's gradient, every
+    layer's saved tensors, the loop's kept outputs and the norm's own high point (its fp32 input and
+    rsqrt, the gradients it makes: :mod:`vramlens.estimator.final_norm`); the head's input, the
+    norm's normalized tensor and the loss's tensors are freed by then."""
+    instant = base_instant(mem, "inside the final norm's backward")
+    _kept_gradients(ctx, mem, instant)
+    instant.part("grad_buckets_bytes")
+    if not ctx.in_backward_step and not grad_partitions_whole_step(ctx):
+        instant.quantity("LM head gradient (made first in backward)", _C.GRADIENTS, "head_grads_bytes")
+    instant.parts("activations_bytes", "non_layer_bytes", "inputs_bytes")
+    _kept_outputs(instant, outputs)
+    what = "the final norm's backward (its fp32 input and rsqrt, its fp32 gradients)"
+    instant.quantity(what, _C.TEMPORARY, "final_norm_backward_bytes")
+    _casts_after_head(instant, down=False)
+    _unsharded(instant, mem.unsharded.backward_start, "at the start of backward")
+    return "inside the final norm's backward: its fp32 gradients beside all activations", instant
+
+
+def _casts_after_head(instant: Instant, *, down: bool) -> None:
+    """The autocast weight copies alive in backward once the head's backward has freed its copy, and,
+    when ``down``, inside a layer's MLP backward without recompute, whose output projection's
+    backward has freed that projection's copy (tracked CPU run of the tiny Llama, mixed-bf16; the
+    simulator on a Llama-3.2-1B-shaped model)."""
+    mem = instant.mem
+    head, down_copy = mem.autocast_head_copy_bytes, mem.autocast_down_copy_bytes if down else 0
+    value = mem.casts_backward_bytes - head - down_copy
+    less = " - the head's copy" + (" - the layer's down projection's copy" if down_copy else "")
+    formula = f"{mem.formulas.get('casts_backward_bytes', '')}{less if head or down_copy else ''}"
+    instant.add("autocast weight copies alive in backward", _C.TEMPORARY, value, formula)
+
+
+def _hook_step(mem: StageMemory, outputs: int) -> tuple[str, Instant]:
     """``optimizer_in_backward``: the largest tensor stepped in its post-accumulate-grad hook while
     every layer's activations are still alive (the LM head's hook runs first in backward; the loss's
     logits tensors are freed by then, the loop's kept outputs are not). An upper bound when the
     largest tensor is a layer's or the embedding's (their hooks run later, with fewer activations)."""
-    instant = _base(mem, "inside the largest tensor's in-backward step")
+    instant = base_instant(mem, "inside the largest tensor's in-backward step")
     instant.parts("grad_buckets_bytes", "activations_bytes", "non_layer_bytes", "head_side_bytes", "inputs_bytes")
     _kept_outputs(instant, outputs)
     instant.quantity("the largest tensor's gradient and its step temporaries", _C.TEMPORARY, "hook_step_bytes")
@@ -236,24 +195,26 @@ def _hook_step(mem: StageMemory, outputs: int) -> tuple[str, _Instant]:
     return "in backward: the largest tensor's optimizer step beside all activations", instant
 
 
-def _head_side_unless_recomputed(instant: _Instant) -> None:
+def _head_side_unless_recomputed(ctx: TrainingContext, instant: Instant) -> None:
     """The final norm's and the head's saved tensors in a layer's backward: freed by then (their
-    backward runs first), as measured with whole-layer recompute; the no-recompute working set was
-    fitted with them counted, so they stay there until that set is re-derived (docs/accuracy.md)."""
-    if not instant.mem.recompute_bytes:
+    backward runs first), as measured with whole-layer recompute and, for a full fine-tune, without
+    (its working set re-derived, :func:`~vramlens.estimator.mlp_working.full_mlp_backward`); the
+    adapters' no-recompute working set was fitted with them counted, so they stay there until that
+    set is re-derived (docs/accuracy.md)."""
+    if not instant.mem.recompute_bytes and not ctx.full:
         instant.part("head_side_bytes")
 
 
-def _kept_outputs(instant: _Instant, outputs: int) -> None:
+def _kept_outputs(instant: Instant, outputs: int) -> None:
     formula = instant.mem.logits.formula if instant.mem.logits is not None else ""
     instant.add("model outputs the loop keeps (logits, until backward returns)", _C.TEMPORARY, outputs, formula)
 
 
-def _backward_end(ctx: TrainingContext, mem: StageMemory, kept_to_end: int) -> tuple[str, _Instant]:
-    instant = _base(mem, "end of backward")
+def _backward_end(ctx: TrainingContext, mem: StageMemory, kept_to_end: int) -> tuple[str, Instant]:
+    instant = base_instant(mem, "end of backward")
     _gradients_so_far(instant, ctx.in_backward_step, {})
     instant.parts("grad_buckets_bytes", "non_layer_bytes", "inputs_bytes")
-    _head_side_unless_recomputed(instant)
+    _head_side_unless_recomputed(ctx, instant)
     _kept_outputs(instant, kept_to_end)
     if mem.end_working_bytes is None:
         instant.quantity("a layer's backward working set", _C.TEMPORARY, "working_bytes")
@@ -265,14 +226,14 @@ def _backward_end(ctx: TrainingContext, mem: StageMemory, kept_to_end: int) -> t
     return "end of backward: every gradient", instant
 
 
-def _last_layer(ctx: TrainingContext, mem: StageMemory, kept_to_end: int, embedding: int) -> tuple[str, _Instant]:
-    instant = _base(mem, "inside the first layer's backward (the last backward reaches)")
+def _last_layer(ctx: TrainingContext, mem: StageMemory, kept_to_end: int, embedding: int) -> tuple[str, Instant]:
+    instant = base_instant(mem, "inside the first layer's backward (the last backward reaches)")
     # The MLP's output projection's gradient is made first in the layer's backward (its MLP peaks after).
-    first = mem.layer_grads_bytes - (mem.mlp_out_grads_bytes if mem.recompute_bytes else 0)
+    first = mem.layer_grads_bytes - mem.mlp_out_grads_bytes
     missing = {"the first layer's": first, "the input embedding's": embedding}
     _gradients_so_far(instant, ctx.in_backward_step, {} if grad_partitions_whole_step(ctx) else missing)
     instant.parts("grad_buckets_bytes", "non_layer_bytes", "inputs_bytes")
-    _head_side_unless_recomputed(instant)
+    _head_side_unless_recomputed(ctx, instant)
     layers = max(mem.stage.layers, 1)
     # Its own saved tensors until its backward ends: all of them, or its checkpointed input when every
     # layer is checkpointed (with every k-th, an average would mix saved and checkpointed layers).
@@ -291,16 +252,16 @@ def _last_layer(ctx: TrainingContext, mem: StageMemory, kept_to_end: int, embedd
     return "last layer of backward: the first layer's activations beside every other gradient", instant
 
 
-def _tied_backward(ctx: TrainingContext, mem: StageMemory, outputs: int, tied: int) -> tuple[str, _Instant]:
+def _tied_backward(ctx: TrainingContext, mem: StageMemory, outputs: int, tied: int) -> tuple[str, Instant]:
     """The tied embedding's backward: under FSDP (``tied`` 0; the gathered tail, the head's gradient,
     the embedding's, their sum and a reduce-scatter input are ``unsharded.end``) while the loop still
     holds the logits, the tied matrix's sharded gradient still to come; on one unsharded rank the
     head's contribution and the sum beside the embedding's (``tied`` bytes each)."""
-    instant = _base(mem, "inside the tied embedding's backward")
+    instant = base_instant(mem, "inside the tied embedding's backward")
     missing = {} if tied or grad_partitions_whole_step(ctx) else {"the tied matrix's": mem.head_grads_bytes}
     _gradients_so_far(instant, ctx.in_backward_step, missing)
     instant.parts("grad_buckets_bytes", "non_layer_bytes", "inputs_bytes")
-    _head_side_unless_recomputed(instant)
+    _head_side_unless_recomputed(ctx, instant)
     _kept_outputs(instant, outputs)
     instant.add(
         "tied embedding: the LM head's gradient contribution and the sum (InputBuffer::accumulate)",
@@ -334,6 +295,8 @@ def _backward(ctx: TrainingContext, mem: StageMemory) -> PhaseMemory:
         _backward_end(ctx, mem, kept_to_end),
         _last_layer(ctx, mem, kept_to_end, embedding),
     ]
+    if mem.final_norm_backward_bytes:
+        candidates.append(_final_norm_backward(ctx, mem, outputs))
     if mem.hook_step_bytes:
         candidates.append(_hook_step(mem, outputs))
     if u.end and ctx.spec.tie_word_embeddings and outputs:
@@ -350,7 +313,7 @@ def _optimizer(mem: StageMemory) -> PhaseMemory:
     estimate of a stage plan)."""
     known = mem.derived.get(_OPTIMIZER)
     if known is None:
-        instant = _base(mem, "inside optimizer.step()")
+        instant = base_instant(mem, "inside optimizer.step()")
         instant.parts("grads_bytes", "grad_buckets_bytes", "step_temp_bytes")
         known = mem.derived[_OPTIMIZER] = instant.phase(
             "optimizer_step", "optimizer.step(): every gradient and the step's temporaries"
@@ -365,7 +328,7 @@ def _load(ctx: TrainingContext, mem: StageMemory) -> PhaseMemory | None:
     cast = prepare_cast_bytes(ctx)
     if not cast:
         return None
-    instant = _Instant(mem, "inside prepare_model_for_kbit_training")
+    instant = Instant(mem, "inside prepare_model_for_kbit_training")
     instant.add(
         "frozen weights (after the k-bit preparation)",
         _C.PARAMETERS,
