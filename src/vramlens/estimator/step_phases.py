@@ -13,7 +13,7 @@ from vramlens.categories import Category
 from vramlens.estimator.embedding_grads import pending_embedding_grad_bytes, tied_embedding_grad_bytes
 from vramlens.estimator.phase_instant import Instant, base_instant
 from vramlens.estimator.qlora import prepare_cast_bytes
-from vramlens.estimator.stage_memory import StageMemory
+from vramlens.estimator.stage_memory import Formula, StageMemory
 from vramlens.estimator.zero3 import grad_partitions_whole_step
 from vramlens.resolve.context import TrainingContext
 from vramlens.result.report import PhaseMemory
@@ -177,8 +177,13 @@ def _casts_after_head(instant: Instant, *, down: bool) -> None:
     mem = instant.mem
     head, down_copy = mem.autocast_head_copy_bytes, mem.autocast_down_copy_bytes if down else 0
     value = mem.casts_backward_bytes - head - down_copy
-    less = " - the head's copy" + (" - the layer's down projection's copy" if down_copy else "")
-    formula = f"{mem.formulas.get('casts_backward_bytes', '')}{less if head or down_copy else ''}"
+    less = (
+        (" - the head's copy" + (" - the layer's down projection's copy" if down_copy else ""))
+        if head or down_copy
+        else ""
+    )
+    base = mem.formulas.get("casts_backward_bytes", "")
+    formula: Formula = (lambda: f"{base()}{less}") if callable(base) else f"{base}{less}"
     instant.add("autocast weight copies alive in backward", _C.TEMPORARY, value, formula)
 
 
