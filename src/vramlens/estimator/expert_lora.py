@@ -143,7 +143,7 @@ def expert_merges(ctx: TrainingContext, mem: StageMemory) -> None:
         into="casts_bytes",
         alive="from the layer's forward to its backward",
     )
-    recomputed = one if ctx.workload.recompute in (Recompute.FULL, Recompute.OFFLOAD) else 0.0
+    recomputed = one if ctx.workload.recompute.whole_layer else 0.0
     mem.casts_backward_bytes += int(kept * one + recomputed)
     mem.formulas["casts_backward_bytes"] = lambda: f"merged expert weights of {kept:g} layers + a recomputed layer's"
     if ctx.spec.layers[stage.layer_range[0]].moe:  # the first layer's, in its backward (the others' are freed)

@@ -31,7 +31,7 @@ from vramlens.estimator.zero3_terms import zero3_step_gradients, zero3_unsharded
 from vramlens.resolve._memo import memo
 from vramlens.resolve.context import TrainingContext
 from vramlens.units import format_bytes
-from vramlens.workload.options import Method, Offload, PipelineSchedule, Quant, Recompute, Shard
+from vramlens.workload.options import Method, Offload, PipelineSchedule, Quant, Shard
 
 __all__ = ["WHOLE_STEP", "Formula", "StageMemory", "Summed", "stage_memory"]
 
@@ -289,7 +289,7 @@ def _stage_plan(ctx: TrainingContext, stage: StageView, targets: frozenset[str])
         outside_per_token=rotary,
         head_side_per_token=final,
         final_norm=final_norm_amounts(ctx) if stage.last else FinalNormPerToken(),
-        whole_layer=ctx.workload.recompute in (Recompute.FULL, Recompute.OFFLOAD),
+        whole_layer=ctx.workload.recompute.whole_layer,
         notes=("pp_schedule interleaved-1f1b: two model chunks per rank assumed",) if interleaved else (),
     )
     plan.by_seq[ctx.workload.seq] = at

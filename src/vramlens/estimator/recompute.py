@@ -39,10 +39,6 @@ __all__ = [
 ]
 
 
-#: Policies that re-create a whole layer in backward (its bytes counted as ``transient``).
-_WHOLE_LAYER = (Recompute.FULL, Recompute.OFFLOAD)
-
-
 def train_state(ctx: TrainingContext, targets: frozenset[str]) -> TrainState:
     """Which linears keep inputs and which norms train, for the workload's method."""
     if ctx.method is Method.FULL:
@@ -90,7 +86,7 @@ def _training_cache(ctx: TrainingContext) -> bool:
     """The text model fills a KV cache in the training forward (:attr:`HfStyle.training_cache`):
     its config's ``use_cache`` is true (transformers' default; a nested ``text_config``'s own key,
     else the flat config's) and gradient checkpointing, which turns it off, is not on."""
-    if not hf_style(ctx.spec.model_type).training_cache or ctx.workload.recompute in _WHOLE_LAYER:
+    if not hf_style(ctx.spec.model_type).training_cache or ctx.workload.recompute.whole_layer:
         return False
     config = ctx.spec.config or {}
     text = config.get("text_config")
@@ -256,7 +252,7 @@ def _layer_activations(
         # What one layer re-creates in backward: its attention internals beyond what is kept.
         transient = max((max(0.0, full[key] - kept[key]) for key in kinds), default=0.0)
         notes.append("recompute selective: the attention core is recomputed; projections and MLP outputs are kept")
-    mixer_backward = _mixer_backward(ctx, recipe, full, transient if policy in _WHOLE_LAYER else None)
+    mixer_backward = _mixer_backward(ctx, recipe, full, transient if policy.whole_layer else None)
     example = max(kinds, key=lambda key: full[key]) if kinds else LayerKind()
     by_kind = tuple((key, tuple(layer_saved_parts(recipe, key) + training_cache_parts(recipe, key))) for key in kinds)
     parts = tuple(layer_saved_parts(recipe, example) + training_cache_parts(recipe, example))

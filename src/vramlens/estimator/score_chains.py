@@ -14,12 +14,8 @@ from vramlens.estimator.recompute import layer_kind, layer_recipe
 from vramlens.estimator.saved_parts import LayerRecipe, TrainState
 from vramlens.model.spec import LayerKind
 from vramlens.resolve.context import TrainingContext
-from vramlens.workload.options import Recompute
 
 __all__ = ["forward_score_chain", "recomputed_score_chain"]
-
-#: Policies that re-create a whole layer in backward.
-_WHOLE_LAYER = (Recompute.FULL, Recompute.OFFLOAD)
 
 
 def recomputed_score_chain(ctx: TrainingContext, state: TrainState, layer_range: range) -> tuple[Step, ...]:
@@ -28,7 +24,7 @@ def recomputed_score_chain(ctx: TrainingContext, state: TrainState, layer_range:
     empty unless every layer of the range keeps what eager attention keeps (eager attention, or SDPA's
     math backend in a layer no mask reaches: :meth:`LayerRecipe.eager_like`) and the layers are
     recomputed whole (a hybrid's Mamba, linear-attention or masked layers make no such scores)."""
-    if ctx.workload.recompute not in _WHOLE_LAYER or not layer_range:
+    if not ctx.workload.recompute.whole_layer or not layer_range:
         return ()
     recipe = layer_recipe(ctx, state, [])
     kinds = {layer_kind(ctx.spec.layers[index], ctx.workload.seq) for index in layer_range}

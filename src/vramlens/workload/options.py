@@ -108,6 +108,11 @@ class Recompute(StrEnum):
     OFFLOAD = "offload"
     """Checkpointed layer inputs are offloaded to CPU memory."""
 
+    @property
+    def whole_layer(self) -> bool:
+        """Each checkpointed layer is re-run whole in backward (full recompute, or its input offloaded)."""
+        return self in (Recompute.FULL, Recompute.OFFLOAD)
+
 
 class AttentionImpl(StrEnum):
     AUTO = "auto"
